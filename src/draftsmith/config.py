@@ -1,0 +1,271 @@
+"""Run configuration: flat dataclasses per section, YAML on disk, defaults in code.
+
+A run config has five sections (``target``, ``data``, ``draft``, ``train``, ``output``). Loading
+rejects unknown sections and keys by name with a close-match hint, checks every value's type, and
+reports ALL problems at once in a :class:`ConfigError`. ``--set section.key=value`` overrides are
+parsed as YAML scalars/lists and validated the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional, Union
+
+
+class ConfigError(ValueError):
+    """One or more configuration problems; ``str()`` lists each on its own line."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        head = f"{source}: {len(problems)} problem(s)" if len(problems) > 1 else f"{source}:"
+        super().__init__(head + (" " if len(problems) == 1 else "\n  ") + "\n  ".join(problems))
+
+
+@dataclass
+class TargetConfig:
+    path: str = "smollm2"  # HF checkpoint dir, or `smollm2` for the embedded default target
+    engine: str = "hf"  # hf (more engines arrive behind the same contract)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
+    aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
+
+
+@dataclass
+class DataConfig:
+    sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])
+    max_rows: Optional[int] = None  # seeded random subset of the conversations
+    max_length: int = 512  # tokens per rendered conversation (truncated)
+    eval_size: float = 0.02  # held-out split: a fraction (< 1) or a count (>= 1)
+    chat_template: Optional[str] = None  # overrides the tokenizer's chat template
+    draft_vocab_size: Optional[int] = 8192  # None = the full target vocab
+    vocab_cache_dir: Optional[str] = None  # default <output.dir>/cache
+
+
+@dataclass
+class DraftConfig:
+    type: str = "eagle3"
+    ttt_steps: int = 7  # training-time-test unroll depth
+    step_weight: float = 0.8  # step k weighs step_weight**k
+    fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
+    norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
+    freeze_embeddings: bool = True  # embeddings copied from the target
+    init_lm_head_from_target: bool = True  # lm_head rows start as the target's (draft-vocab rows)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    max_steps: Optional[int] = None  # optimizer steps; stops early when reached
+    max_time_s: Optional[float] = None  # wall-clock budget for the loop; a final checkpoint follows
+    batch_size: int = 2  # micro-batch size (conversations)
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    max_grad_norm: float = 0.5  # 0 disables clipping
+    bf16: bool = False  # bf16 autocast for the draft (CPU or GPU)
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0  # optimizer steps; 0 = only at the end
+    save_every: int = 0  # optimizer steps; 0 = only at the end
+    eval_max_batches: Optional[int] = None
+    num_threads: Optional[int] = None  # torch intra-op threads (default: torch's choice)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/draftsmith"
+    tensorboard: bool = True
+
+
+@dataclass
+class RunConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in fields(RunConfig)}  # type: ignore[misc]
+CHOICES: dict[str, tuple[str, ...]] = {
+    "target.engine": ("hf",),
+    "target.dtype": ("float32", "bfloat16", "float16"),
+    "draft.type": ("eagle3",),
+}
+
+
+def _hint(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(sorted(options))}"
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check(value: Any, tp: Any) -> bool:
+    """True when ``value`` (parsed YAML) fits the annotation ``tp``."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return any(_check(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_check(v, item) for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:  # YAML `1` for a float key is fine
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return True
+
+
+def _coerce_float(value: Any, tp: Any) -> Any:
+    """YAML 1.1 reads `3e-4` (no dot) as a string; accept it where a float is expected."""
+    wants_float = tp is float or (typing.get_origin(tp) in (Union, types.UnionType) and float in typing.get_args(tp))
+    if wants_float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def build_config(raw: dict, source: str = "config") -> RunConfig:
+    """Validate a parsed mapping into a :class:`RunConfig`, reporting every problem at once."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError([f"top level must be a mapping of sections {sorted(SECTIONS)}, got {type(raw).__name__}"], source)
+    built: dict[str, Any] = {}
+    for sec_name, sec_val in raw.items():
+        if sec_name not in SECTIONS:
+            problems.append(f"unknown section '{sec_name}'{_hint(str(sec_name), SECTIONS)}")
+            continue
+        if sec_val is None:
+            sec_val = {}
+        if not isinstance(sec_val, dict):
+            problems.append(f"section '{sec_name}' must be a mapping, got {sec_val!r}")
+            continue
+        cls = SECTIONS[sec_name]
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for key, value in sec_val.items():
+            if key not in hints:
+                problems.append(f"unknown key '{sec_name}.{key}'{_hint(str(key), hints)}")
+                continue
+            value = _coerce_float(value, hints[key])
+            if not _check(value, hints[key]):
+                problems.append(
+                    f"'{sec_name}.{key}' = {value!r}: expected {_type_name(hints[key])}"
+                )
+                continue
+            if hints[key] is float and isinstance(value, int):
+                value = float(value)
+            choices = CHOICES.get(f"{sec_name}.{key}")
+            if choices and value not in choices:
+                problems.append(f"'{sec_name}.{key}' = {value!r}: expected one of {list(choices)}")
+                continue
+            kwargs[key] = value
+        built[sec_name] = cls(**kwargs)
+    cfg = RunConfig(**built)
+    problems += _cross_checks(cfg)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _cross_checks(cfg: RunConfig) -> list[str]:
+    """Value-range checks that types alone cannot express."""
+    p = []
+    positive = {
+        "data.max_length": cfg.data.max_length, "train.batch_size": cfg.train.batch_size,
+        "train.grad_accum": cfg.train.grad_accum, "train.epochs": cfg.train.epochs,
+        "draft.ttt_steps": cfg.draft.ttt_steps,
+    }
+    for key, v in positive.items():
+        if v < 1:
+            p.append(f"'{key}' = {v}: expected an integer >= 1")
+    if cfg.train.lr <= 0:
+        p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
+    if cfg.data.eval_size < 0:
+        p.append(f"'data.eval_size' = {cfg.data.eval_size}: expected a fraction in [0, 1) or a count >= 1")
+    if cfg.data.draft_vocab_size is not None and cfg.data.draft_vocab_size < 2:
+        p.append(f"'data.draft_vocab_size' = {cfg.data.draft_vocab_size}: expected >= 2 or null for the full vocab")
+    if not cfg.data.sources:
+        p.append("'data.sources' is empty: list at least one file, directory or builtin:sharegpt")
+    if len(cfg.train.betas) != 2:
+        p.append(f"'train.betas' = {cfg.train.betas}: expected two numbers, e.g. [0.9, 0.95]")
+    return p
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["train.lr=3e-4", "data.sources=[a.jsonl]"]`` -> nested dict; values parsed as YAML."""
+    import yaml
+
+    out: dict = {}
+    problems = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            problems.append(f"--set {item!r}: expected section.key=value, e.g. train.lr=3e-4")
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as e:
+            problems.append(f"--set {item!r}: value is not valid YAML ({e.__class__.__name__})")
+            continue
+        out.setdefault(parts[0], {})[parts[1]] = value
+    if problems:
+        raise ConfigError(problems, "--set")
+    return out
+
+
+def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = None) -> RunConfig:
+    """Load YAML from ``path`` (or defaults when None), apply ``--set`` overrides, validate."""
+    import yaml
+
+    raw: dict = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(["file not found; pass a YAML run config (see examples/)"], source)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError([f"invalid YAML{where}: {getattr(e, 'problem', e)}"], source) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"top level must be a mapping of sections {sorted(SECTIONS)}"], source)
+    for sec, kv in parse_overrides(overrides or []).items():
+        existing = raw.get(sec)
+        if existing is None:
+            raw[sec] = kv
+        elif isinstance(existing, dict):
+            raw[sec] = {**existing, **kv}
+        # a non-mapping section stays as it is: build_config reports it
+    return build_config(raw, source)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,106 @@
+"""Target engines behind one small contract.
+
+An *engine* runs the frozen target and returns *features* for a batch. Every engine (hf, vllm,
+sglang, remote) implements :class:`Engine`; the supervision math that turns features into draft
+training targets lives once in :mod:`draftsmith.targets.contract`.
+
+Layer ids follow the vLLM convention everywhere (config, CLI, wire): id ``i`` is the residual stream
+after ``i`` decoder layers, ``0`` is the embedding output and ``L`` is the last layer's output
+*before* the final norm.
+
+Heavy engine modules (vllm, sglang) are imported only by :func:`open_engine`, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:  # torch is only needed for annotations here
+    from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Static facts about the target that drafts and checks need."""
+
+    num_layers: int  # L, number of decoder layers
+    hidden_size: int
+    vocab_size: int  # rows of the input embedding (may exceed the tokenizer's length)
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    model_type: str  # e.g. "llama", "qwen3"
+    tied: bool  # lm_head shares the input embedding
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    rope_scaling: Optional[dict] = None
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass
+class Batch:
+    """One batch of rendered conversations.
+
+    input_ids:      (B, S) int64
+    attention_mask: (B, S) int64, 1 on real tokens (right padding)
+    loss_mask:      (B, S) int64, 1 exactly on assistant tokens
+    """
+
+    input_ids: "Tensor"
+    attention_mask: "Tensor"
+    loss_mask: "Tensor"
+
+    def to(self, device: Any) -> "Batch":
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
+
+
+@dataclass
+class Features:
+    """What an engine returns for a batch.
+
+    aux_hidden: (B, S, n_ids, H) hidden states at the requested layer ids, in request order,
+                UNSHIFTED (position t is the state after reading token t).
+    logits:     (B, S, V) full-vocab target logits, or None when not requested.
+    """
+
+    aux_hidden: "Tensor"
+    logits: Optional["Tensor"] = None
+
+
+class Engine(Protocol):
+    """The engine contract every target backend implements."""
+
+    def info(self) -> TargetInfo: ...
+
+    def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features: ...
+
+    def embeddings(self) -> "Tensor":  # (V, H) input embedding
+        ...
+
+    def close(self) -> None: ...
+
+
+# Dotted paths keep heavy engines lazy: importing this package never imports vllm or sglang.
+ENGINES: dict[str, str] = {
+    "hf": "draftsmith.targets.hf:HFEngine",
+}
+
+
+def open_engine(name: str, target: str, **kwargs: Any) -> Engine:
+    """Open the engine ``name`` (a key of :data:`ENGINES`) on the target checkpoint ``target``."""
+    if name not in ENGINES:
+        raise ValueError(
+            f"target.engine: unknown engine {name!r}; expected one of {sorted(ENGINES)}"
+        )
+    module_name, _, cls_name = ENGINES[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(target, **kwargs)

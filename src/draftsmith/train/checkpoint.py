@@ -1,0 +1,159 @@
+"""Checkpoints: the servable draft plus everything an exact resume needs.
+
+Layout (DESIGN section 5)::
+
+    <output_dir>/checkpoints/
+      epoch_<E>_step_<S>/
+        model/consolidated/{config.json, model.safetensors}   # the servable draft
+        vocab.safetensors                                   # draft_ids (Vd,) d2t (Vd,) t2d (V,)
+        optim.pt, rng.pt, meta.json                         # optimizer+scheduler, RNG, step/epoch/data position
+        config.yaml                                         # the run config snapshot
+      LATEST -> epoch_<E>_step_<S>                          # a symlink, moved only after a complete write
+
+Every checkpoint is written into a hidden temporary directory and renamed into place with
+``os.replace`` only when complete, and ``LATEST`` is swapped atomically after that, so a crash
+mid-write never leaves a half-written checkpoint that looks valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+MODEL_SUBDIR = Path("model") / "consolidated"
+REQUIRED_FILES = (
+    MODEL_SUBDIR / "config.json",
+    MODEL_SUBDIR / "model.safetensors",
+    Path("vocab.safetensors"),
+    Path("optim.pt"),
+    Path("rng.pt"),
+    Path("meta.json"),
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the path and the fix."""
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    return f"epoch_{epoch}_step_{step}"
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def save_checkpoint(
+    root: Path,
+    epoch: int,
+    step: int,
+    *,
+    model_state: dict[str, torch.Tensor],
+    model_config: dict,
+    vocab: dict[str, torch.Tensor],
+    optim_state: dict[str, Any],
+    meta: dict[str, Any],
+    run_config_yaml: str,
+) -> Path:
+    """Write a complete checkpoint under ``root`` atomically and point ``LATEST`` at it."""
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(epoch, step)
+    final = root / name
+    tmp = root / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / MODEL_SUBDIR).mkdir(parents=True)
+    # safetensors needs contiguous, non-shared tensors
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model_state.items()}
+    save_file(tensors, str(tmp / MODEL_SUBDIR / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(tmp / MODEL_SUBDIR / "config.json", model_config)
+    save_file({k: v.contiguous() for k, v in vocab.items()}, str(tmp / "vocab.safetensors"))
+    torch.save(optim_state, tmp / "optim.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "config.yaml").write_text(run_config_yaml)
+    # meta.json last: its presence inside the tmp dir marks the write as complete
+    _write_json(tmp / "meta.json", {**meta, "epoch": epoch, "step": step})
+    if final.exists():  # re-saving the same step (e.g. a resumed run): swap the old one out
+        old = root / f".{name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    link_tmp = root / f".LATEST.tmp-{os.getpid()}"
+    if link_tmp.is_symlink() or link_tmp.exists():
+        link_tmp.unlink()
+    os.symlink(name, link_tmp)
+    os.replace(link_tmp, root / "LATEST")
+    return final
+
+
+def latest_checkpoint(root: Path) -> Optional[Path]:
+    """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
+    link = Path(root) / "LATEST"
+    if not (link.is_symlink() or link.exists()):
+        return None
+    target = Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
+    return target
+
+
+def resolve_resume(path: Path) -> Path:
+    """Accept a checkpoint dir, a ``checkpoints/`` root, or a run output dir; return the checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"--resume: '{path}' does not exist; pass a checkpoint dir (epoch_<E>_step_<S>) or the run's output dir")
+    for root in (path, path / "checkpoints"):
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            return latest
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load and verify a checkpoint directory written by :func:`save_checkpoint`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    missing = [str(f) for f in REQUIRED_FILES if not (path / f).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint '{path}' is incomplete (missing {', '.join(missing)}); "
+            "resume from another epoch_*_step_* directory or from LATEST"
+        )
+    try:
+        model_state = load_file(str(path / MODEL_SUBDIR / "model.safetensors"))
+        vocab = load_file(str(path / "vocab.safetensors"))
+        config = json.loads((path / MODEL_SUBDIR / "config.json").read_text())
+        meta = json.loads((path / "meta.json").read_text())
+        optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
+        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
+    except (SafetensorError, json.JSONDecodeError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(
+            f"checkpoint '{path}' is corrupt or truncated ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+            "resume from another checkpoint"
+        ) from None
+    return {"model_state": model_state, "vocab": vocab, "config": config, "meta": meta, "optim": optim, "rng": rng}

@@ -1,0 +1,301 @@
+"""The EAGLE-3 trainer. Reads top to bottom: setup, loop, eval, save.
+
+The target runs co-located through an engine; each micro-batch is turned into features, the
+shared EAGLE-3 supervision (targets/contract.py) and one training-time-test forward of the draft.
+Everything that decides the result (data order, optimizer, schedule, RNG) is restored by
+``resume`` so a resumed run reaches the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from draftsmith.config import RunConfig, dump_config
+from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, split_holdout
+from draftsmith.data.sources import load_conversations
+from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
+from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
+from draftsmith.targets import TargetInfo, open_engine
+from draftsmith.targets.contract import default_aux_layer_ids, eagle3_supervision, validate_layer_ids
+from draftsmith.train import checkpoint as ckpt
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    checkpoint: Optional[Path]
+    step: int
+    epoch: int
+    tokens: int  # real (non-pad) tokens the draft trained on in this process
+    wall_s: float
+    tokens_per_s: float
+    eval: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)  # (step, loss) per optimizer step
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total`` optimizer steps."""
+
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_aux: int) -> Eagle3Draft:
+    """An EAGLE-3 draft shaped like one target decoder layer, over the selected draft vocab."""
+    return Eagle3Draft(
+        Eagle3Config(
+            hidden_size=info.hidden_size,
+            target_hidden_size=info.hidden_size,
+            num_attention_heads=info.num_attention_heads,
+            num_key_value_heads=info.num_key_value_heads,
+            head_dim=info.head_dim,
+            intermediate_size=info.intermediate_size,
+            vocab_size=info.vocab_size,
+            draft_vocab_size=int(vocab.draft_ids.numel()),
+            num_aux=num_aux,
+            rms_norm_eps=info.rms_norm_eps,
+            rope_theta=info.rope_theta,
+            rope_scaling=info.rope_scaling,
+            max_position_embeddings=info.max_position_embeddings,
+            fc_norm=cfg.draft.fc_norm,
+            norm_output=cfg.draft.norm_output,
+            ttt_steps=cfg.draft.ttt_steps,
+            step_weight=cfg.draft.step_weight,
+        )
+    )
+
+
+def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class Trainer:
+    """Holds the run state; :meth:`run` is the whole training job."""
+
+    def __init__(self, cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True):
+        from transformers import AutoTokenizer
+
+        from draftsmith.models import resolve_target
+
+        # ---------------------------------------------------------------- setup
+        self.cfg, self.progress = cfg, progress
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        torch.manual_seed(cfg.train.seed)
+        self.out = Path(cfg.output.dir)
+        self.ckpt_root = self.out / "checkpoints"
+        resume_dir = ckpt.resolve_resume(Path(resume)) if resume else None
+        saved = ckpt.load_checkpoint(resume_dir) if resume_dir else None  # fail before heavy work
+
+        target_path = resolve_target(cfg.target.path)
+        self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype)
+        self.info = self.engine.info()
+        L = self.info.num_layers
+        self.aux_ids = validate_layer_ids(cfg.target.aux_layer_ids or default_aux_layer_ids(L), L)
+        self.tokenizer = AutoTokenizer.from_pretrained(target_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        convs, self.data_report = load_conversations(
+            cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed
+        )
+        examples, self.dropped = build_examples(
+            convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template
+        )
+        self.train_set, self.eval_set = split_holdout(examples, cfg.data.eval_size, cfg.train.seed)
+        cache_dir = Path(cfg.data.vocab_cache_dir) if cfg.data.vocab_cache_dir else self.out / "cache"
+        draft_vocab_size = cfg.data.draft_vocab_size or self.info.vocab_size
+        if saved is not None:  # the checkpoint's vocab map wins: the draft's lm_head rows follow it
+            v = saved["vocab"]
+            self.vocab = VocabMap(v["draft_ids"], v["d2t"], v["t2d"], saved["meta"].get("vocab_coverage", float("nan")),
+                                  saved["meta"].get("vocab_fingerprint", ""))
+        else:
+            self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
+        self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
+
+        self.draft = build_draft(cfg, self.info, self.vocab, len(self.aux_ids))
+        self.draft.load_target_embeddings(self.engine.embeddings(), freeze=cfg.draft.freeze_embeddings)
+        if self.pruned:
+            self.draft.set_vocab_map(self.vocab.d2t, self.vocab.t2d)
+        if cfg.draft.init_lm_head_from_target and hasattr(self.engine, "lm_head_weight"):
+            self.draft.init_lm_head_from_target(self.engine.lm_head_weight(), self.vocab.draft_ids)
+        params = [p for p in self.draft.parameters() if p.requires_grad]
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / t.batch_size) / t.grad_accum)
+        self.total_steps = self.steps_per_epoch * t.epochs
+        if t.max_steps is not None:
+            self.total_steps = min(self.total_steps, t.max_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(t.warmup_steps, self.total_steps, t.min_lr_ratio)
+        )
+        self.step, self.epoch, self.batch_pos = 0, 0, 0  # batch_pos: micro-batches done in this epoch
+        if saved is not None:
+            self.draft.load_state_dict(saved["model_state"])
+            self.optimizer.load_state_dict(saved["optim"]["optimizer"])
+            self.scheduler.load_state_dict(saved["optim"]["scheduler"])
+            ckpt.set_rng_state(saved["rng"])
+            meta = saved["meta"]
+            self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        self.resumed_from = resume_dir
+        self.writer = None
+        if cfg.output.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+
+    # ------------------------------------------------------------------ one micro-batch
+    def forward(self, examples: list[Example]):
+        """Features from the target -> EAGLE-3 supervision -> draft TTT forward."""
+        batch = collate(examples, self.pad_id)
+        feats = self.engine.features(batch, self.aux_ids, logits=True)
+        sup = eagle3_supervision(batch, feats, self.vocab.draft_ids if self.pruned else None)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16):
+            out = self.draft(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
+        return out, int(batch.attention_mask.sum())
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> TrainResult:
+        from tqdm import tqdm
+
+        cfg, t = self.cfg, self.cfg.train
+        start = time.perf_counter()
+        tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.progress, desc="train", unit="step")
+        stop = self.step >= self.total_steps
+        while self.epoch < t.epochs and not stop:
+            mbs = micro_batches(epoch_order(len(self.train_set), self.epoch, t.seed), t.batch_size)
+            while self.batch_pos < len(mbs) and not stop:
+                # A window of grad_accum micro-batches; the trailing partial window is flushed
+                # with each micro-batch weighted 1/len(window), so it equals one batch of its rows.
+                window = mbs[self.batch_pos : self.batch_pos + t.grad_accum]
+                self.draft.train()
+                loss_sum, correct0, count0, prefix, counts = 0.0, 0, 0, None, None
+                for idx in window:
+                    out, n_tok = self.forward([self.train_set[i] for i in idx])
+                    (out.loss / len(window)).backward()
+                    tokens += n_tok
+                    loss_sum += float(out.loss) / len(window)
+                    prefix = out.prefix_correct if prefix is None else prefix + out.prefix_correct
+                    counts = out.step_count if counts is None else counts + out.step_count
+                    correct0 += int(out.step_correct[0])
+                    count0 += int(out.step_count[0])
+                if t.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.draft.parameters() if p.requires_grad], t.max_grad_norm
+                    )
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                self.batch_pos += len(window)
+                history.append((self.step, loss_sum))
+                elapsed = time.perf_counter() - start
+                tau = float(simulated_tau(prefix, counts))
+                acc0 = correct0 / max(count0, 1)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{acc0:.3f}", tau=f"{tau:.2f}",
+                                tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
+                if self.writer is not None and (self.step % max(t.log_every, 1) == 0 or self.step == 1):
+                    self.writer.add_scalar("train/loss", loss_sum, self.step)
+                    self.writer.add_scalar("train/acc0", acc0, self.step)
+                    self.writer.add_scalar("train/simulated_tau", tau, self.step)
+                    self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
+                    self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
+                stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
+                # ---------------------------------------------------------- eval, save (periodic)
+                if t.eval_every and self.step % t.eval_every == 0 and not stop:
+                    eval_metrics = self.evaluate()
+                if t.save_every and self.step % t.save_every == 0 and not stop:
+                    last_ckpt = self.save()
+            if self.batch_pos >= len(mbs):
+                self.epoch, self.batch_pos = self.epoch + 1, 0
+        bar.close()
+        wall = time.perf_counter() - start
+        # -------------------------------------------------------------- final eval, save
+        eval_metrics = self.evaluate()
+        last_ckpt = self.save()
+        if self.writer is not None:
+            self.writer.close()
+        return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
+                           eval_metrics, history)
+
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out loss, per-step accuracy and simulated tau (sums over the whole split)."""
+        if not self.eval_set:
+            return {}
+        self.draft.eval()
+        t = self.cfg.train
+        K = self.cfg.draft.ttt_steps
+        correct, prefix, count = torch.zeros(K), torch.zeros(K), torch.zeros(K)
+        loss_sum, n = 0.0, 0
+        for b, start in enumerate(range(0, len(self.eval_set), t.batch_size)):
+            if t.eval_max_batches is not None and b >= t.eval_max_batches:
+                break
+            out, _ = self.forward(self.eval_set[start : start + t.batch_size])
+            correct += out.step_correct.float()
+            prefix += out.prefix_correct.float()
+            count += out.step_count.float()
+            loss_sum += float(out.loss)
+            n += 1
+        metrics = {
+            "loss": loss_sum / max(n, 1),
+            "step_accuracy": (correct / count.clamp(min=1)).tolist(),
+            "simulated_tau": float(simulated_tau(prefix, count)),
+            "positions": int(count[0]),
+        }
+        if self.writer is not None:
+            self.writer.add_scalar("eval/loss", metrics["loss"], self.step)
+            self.writer.add_scalar("eval/simulated_tau", metrics["simulated_tau"], self.step)
+            for k, a in enumerate(metrics["step_accuracy"]):
+                self.writer.add_scalar(f"eval/acc{k}", a, self.step)
+        return metrics
+
+    # ------------------------------------------------------------------ save
+    def save(self) -> Path:
+        state = {k: v for k, v in self.draft.state_dict().items()}
+        vocab = {"draft_ids": self.vocab.draft_ids.to(torch.int64), "d2t": self.vocab.d2t.to(torch.int64),
+                 "t2d": self.vocab.t2d.to(torch.bool)}
+        meta = {
+            "data_epoch": self.epoch,  # where the data order resumes: (epoch, micro-batch position)
+            "batch_pos": self.batch_pos,
+            "total_steps": self.total_steps,
+            "aux_layer_ids": self.aux_ids,
+            "target": self.cfg.target.path,
+            "target_info": self.info.to_dict(),
+            "vocab_fingerprint": self.vocab.fingerprint,
+            "vocab_coverage": self.vocab.coverage,
+            "draft_type": self.cfg.draft.type,
+        }
+        # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
+        name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
+        return ckpt.save_checkpoint(
+            self.ckpt_root, name_epoch, self.step,
+            model_state=state,
+            model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
+            vocab=vocab,
+            optim_state={"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            meta=meta,
+            run_config_yaml=dump_config(self.cfg),
+        )
+
+
+def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True) -> TrainResult:
+    """Train an EAGLE-3 draft as ``cfg`` says; see :class:`Trainer`."""
+    trainer = Trainer(cfg, resume=resume, progress=progress)
+    try:
+        return trainer.run()
+    finally:
+        trainer.engine.close()
