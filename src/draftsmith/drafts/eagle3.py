@@ -1,0 +1,406 @@
+"""EAGLE-3 / EAGLE-3.1 draft: one fused decoder layer over (token embedding, fused target state).
+
+Model math only. Module names equal the on-disk names of DESIGN section 5 (vLLM's
+LlamaForCausalLMEagle3 after stripping the `model.` prefix), so `state_dict()` is the checkpoint.
+
+Inference step (what vLLM computes, and what each training-time-test step reproduces):
+    h       = fc(cat_i fc_norm_i(aux_i))                      (B, T, n*Ht) -> (B, T, H)
+    x       = cat(input_layernorm(embed(ids)), hidden_norm(h)) (B, T, 2H)
+    r       = h + o_proj(attn(q_proj(x), k_proj(x), v_proj(x)))   RoPE on q, k
+    h_pre   = r + mlp(post_attention_layernorm(r))
+    logits  = lm_head(norm(h_pre))                              over the draft vocab
+    h_next  = norm(h_pre) if norm_output else h_pre            fed to the next draft step
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv
+
+__all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulated_tau", "shift_left"]
+
+
+@dataclass
+class Eagle3Config:
+    """Shape and training knobs of an EAGLE-3 draft; `fc_norm`/`norm_output` are the EAGLE-3.1 flags."""
+
+    hidden_size: int
+    target_hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # target vocab = embedding rows
+    draft_vocab_size: int
+    num_aux: int = 3
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    fc_norm: bool = False
+    norm_output: bool = False
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; pick a divisor for GQA"
+            )
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}"
+            )
+        if self.num_aux < 1 or self.ttt_steps < 1:
+            raise ValueError(f"num_aux={self.num_aux} and ttt_steps={self.ttt_steps} must both be >= 1")
+
+    @property
+    def pruned(self) -> bool:
+        """True when the draft vocab is a strict subset of the target vocab (d2t/t2d exist)."""
+        return self.draft_vocab_size < self.vocab_size
+
+    @classmethod
+    def from_export(cls, config: dict) -> "Eagle3Config":
+        """Rebuild the config from an exported config.json dict (inverse of `Eagle3Draft.export_config`).
+
+        Also reads plain third-party EAGLE-3 configs: missing fields take vLLM's defaults.
+        """
+        eagle = config.get("eagle_config") or {}
+        layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        num_aux = config.get("num_aux_hidden_states") or (len(layer_ids) if layer_ids else 3)
+        rope_theta, rope_scaling = config.get("rope_theta"), config.get("rope_scaling")
+        params = config.get("rope_parameters") or {}  # transformers 5 style
+        if rope_theta is None:
+            rope_theta = params.get("rope_theta", 10000.0)
+        if rope_scaling is None and params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        extra = config.get("draftsmith") or {}
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        return cls(
+            hidden_size=hidden,
+            target_hidden_size=config.get("target_hidden_size") or hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
+            draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
+            num_aux=num_aux,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
+            ttt_steps=extra.get("ttt_steps", cls.ttt_steps),
+            step_weight=extra.get("step_weight", cls.step_weight),
+        )
+
+
+def simulated_tau(prefix_correct: torch.Tensor, step_count: torch.Tensor) -> float:
+    """1 + sum_k prefix_correct_k / max(step_count_k, 1), from (K,) sums aggregated over batches."""
+    rate = prefix_correct.double() / step_count.double().clamp(min=1)
+    return 1.0 + float(rate.sum())
+
+
+@dataclass
+class Eagle3Output:
+    """Training-time-test result. `loss` carries grad; the rest are detached (K,) batch sums."""
+
+    loss: torch.Tensor
+    step_losses: torch.Tensor  # (K,) per-step soft CE, each normalised by its supervised positions
+    step_correct: torch.Tensor  # (K,) int64: argmax agrees with the target at supervised positions
+    prefix_correct: torch.Tensor  # (K,) int64: steps 0..k all agree at the same start position
+    step_count: torch.Tensor  # (K,) int64: supervised positions per step
+
+    @property
+    def step_accuracy(self) -> torch.Tensor:
+        """(K,) per-step top-1 agreement rate."""
+        return self.step_correct.double() / self.step_count.double().clamp(min=1)
+
+    @property
+    def simulated_tau(self) -> float:
+        """Expected tokens per target forward if the chain stops at the first miss (bonus included)."""
+        return simulated_tau(self.prefix_correct, self.step_count)
+
+
+class Eagle3Step(NamedTuple):
+    """One TTT step: `hidden` = h_pre (B, T, H) before the final norm; `logits` (B, T, Vd) fp32."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor
+
+
+def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Shift along dim 1 by k with a zero tail: out[:, t] = x[:, t + k] (0 when t + k >= T)."""
+    if k == 0:
+        return x
+    out = torch.zeros_like(x)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+class Eagle3Attention(nn.Module):
+    """Q/K/V/O projections; q/k/v read the fused 2H input. The attention pattern lives in the draft."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, T, 2H) -> q (B, h, T, d), k and v (B, h_kv, T, d); q and k rotated by cos/sin (B, T, d)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The single fused draft layer (`model.layers.0.*`)."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def fuse(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) token embeddings + (B, T, H) draft state -> (B, T, 2H) attention input."""
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """attn (B, h, T, d) from softmax(QK^T)V, residual (B, T, H) -> h_pre (B, T, H)."""
+        b, _, t, _ = attn.shape
+        r = residual + self.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+class Eagle3Model(nn.Module):
+    """Everything under the `model.` prefix."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
+        self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3 / 3.1 draft with the training-time-test (TTT) unroll, loss and acceptance metrics."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Eagle3Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        if cfg.pruned:
+            # Default map until set_vocab_map: draft id i -> target id i.
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+            t2d[: cfg.draft_vocab_size] = True
+            self.register_buffer("t2d", t2d)
+
+    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install the draft-vocab map: d2t (Vd,) int64 offsets (target = draft + d2t[draft]), t2d (V,) bool."""
+        vd, v = self.cfg.draft_vocab_size, self.cfg.vocab_size
+        if tuple(d2t.shape) != (vd,) or tuple(t2d.shape) != (v,):
+            raise ValueError(
+                f"vocab map shapes d2t={tuple(d2t.shape)}, t2d={tuple(t2d.shape)} do not match the draft; "
+                f"expected d2t ({vd},) and t2d ({v},) (rebuild the map for this draft_vocab_size/vocab_size)"
+            )
+        if not self.cfg.pruned:
+            if d2t.any():
+                raise ValueError("d2t must be all zeros for an unpruned draft (draft_vocab_size == vocab_size)")
+            return
+        targets = torch.arange(vd, device=d2t.device) + d2t.long()
+        if targets.min() < 0 or targets.max() >= v:
+            raise ValueError(f"d2t maps draft ids to target ids {int(targets.min())}..{int(targets.max())}, "
+                             f"outside 0..{v - 1}; d2t must hold target_id - draft_id offsets")
+        if int(t2d.sum()) != vd or not bool(t2d.to(d2t.device)[targets].all()):
+            raise ValueError(f"t2d marks {int(t2d.sum())} ids but must mark exactly the {vd} targets of d2t")
+        self.d2t.copy_(d2t.long())
+        self.t2d.copy_(t2d.bool())
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids (any shape) -> target-vocab ids: `ids + d2t[ids]` (identity when unpruned)."""
+        return ids + self.d2t[ids] if self.cfg.pruned else ids
+
+    @torch.no_grad()
+    def load_target_embeddings(self, embed: torch.Tensor, freeze: bool = True) -> None:
+        """Copy the target's input embedding (V, H); frozen (requires_grad False) by default."""
+        w = self.model.embed_tokens.weight
+        if embed.shape != w.shape:
+            raise ValueError(f"target embeddings {tuple(embed.shape)} do not match embed_tokens {tuple(w.shape)}; "
+                             "the draft hidden_size and vocab_size must equal the target's")
+        w.copy_(embed)
+        w.requires_grad_(not freeze)
+
+    @torch.no_grad()
+    def init_lm_head_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor) -> None:
+        """Copy target lm_head rows (V, H)[draft_ids (Vd,)] so draft logits start in the target's output space.
+
+        draft_ids must be the target ids of draft ids 0..Vd-1 (call `set_vocab_map` first when pruned).
+        """
+        vd, h = self.lm_head.weight.shape
+        if lm_head_weight.shape != (self.cfg.vocab_size, h):
+            raise ValueError(f"target lm_head {tuple(lm_head_weight.shape)} must be ({self.cfg.vocab_size}, {h})")
+        ids = draft_ids.long().to(lm_head_weight.device)
+        expected = self.draft_to_target(torch.arange(vd, device=self.lm_head.weight.device)).to(ids.device)
+        if ids.shape != (vd,) or not torch.equal(ids, expected):
+            raise ValueError(f"draft_ids (shape {tuple(ids.shape)}) disagree with the draft's d2t map; "
+                             "call set_vocab_map(d2t, t2d) built from the same draft vocab first")
+        self.lm_head.weight.copy_(lm_head_weight[ids])
+
+    def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """aux_hidden (B, T, n, Ht) (or already concatenated (B, T, n*Ht)) -> (B, T, H) via fc_norm_i, fc."""
+        if aux_hidden.dim() == 3:
+            aux_hidden = aux_hidden.unflatten(-1, (self.cfg.num_aux, self.cfg.target_hidden_size))
+        if aux_hidden.shape[-2:] != (self.cfg.num_aux, self.cfg.target_hidden_size):
+            raise ValueError(f"aux_hidden {tuple(aux_hidden.shape)} must end in (num_aux={self.cfg.num_aux}, "
+                             f"target_hidden_size={self.cfg.target_hidden_size})")
+        aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
+        if self.cfg.fc_norm:  # EAGLE-3.1: each target layer's state normalised separately
+            aux_hidden = torch.stack([n(aux_hidden[..., i, :]) for i, n in enumerate(self.model.fc_norm)], -2)
+        return self.model.fc(aux_hidden.flatten(-2))  # (B, T, n*Ht) -> (B, T, H)
+
+    def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """norm(h_pre) (B, T, H) -> (B, T, Vd) logits in fp32 even under bf16 autocast."""
+        with torch.autocast(device_type=normed.device.type, enabled=False):
+            return F.linear(normed.float(), self.lm_head.weight.float())
+
+    def iter_steps(
+        self,
+        aux_hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        steps: int | None = None,
+        rope_step_offset: bool = True,
+    ) -> Iterator[Eagle3Step]:
+        """Yield the TTT unroll step by step (`steps` defaults to cfg.ttt_steps).
+
+        Step k reads ids shifted left by k and the previous step's state unshifted; Q and K are rotated
+        at position t + k (the draft's k-th token sits k places ahead). `rope_step_offset=False` rotates
+        at t for every step (only for tests showing the offset matters). The K/V cache is shared:
+        query (k, t) attends over step-0 keys at positions <= t plus the diagonal keys (j, t), j = 1..k,
+        in one softmax, which is what inference sees after k drafted tokens.
+        """
+        cfg, layer = self.cfg, self.model.layers[0]
+        b, t = input_ids.shape
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        n_rep, scale = cfg.num_attention_heads // cfg.num_key_value_heads, 1.0 / math.sqrt(cfg.head_dim)
+        causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()  # (T, T) key <= query
+        h = self.combine(aux_hidden)  # (B, T, H)
+        keys: list[torch.Tensor] = []  # per step (B, h, T, d) after repeat_kv
+        values: list[torch.Tensor] = []
+        for k in range(cfg.ttt_steps if steps is None else steps):
+            cos, sin = self.rotary(positions + k if rope_step_offset else positions)
+            x = layer.fuse(self.model.embed_tokens(shift_left(input_ids, k)), h)  # (B, T, 2H)
+            q, key, value = layer.self_attn.project(x, cos, sin)
+            keys.append(repeat_kv(key, n_rep))
+            values.append(repeat_kv(value, n_rep))
+            # scores: (B, h, T, T) against step-0 keys (causal) | (B, h, T, k) diagonals of steps 1..k
+            s0 = (q @ keys[0].transpose(-1, -2)).float() * scale
+            s0 = s0.masked_fill(~causal, float("-inf"))
+            diag = [((q * kj).sum(-1)).float() * scale for kj in keys[1:]]  # each (B, h, T)
+            probs = torch.cat([s0] + [d[..., None] for d in diag], dim=-1).softmax(-1)  # (B, h, T, T+k)
+            probs = probs.to(values[0].dtype)
+            out = probs[..., :t] @ values[0]  # (B, h, T, d)
+            for j in range(1, k + 1):
+                out = out + probs[..., t + j - 1, None] * values[j]
+            h_pre = layer.finish(out, residual=h)
+            normed = self.model.norm(h_pre)
+            yield Eagle3Step(hidden=h_pre, logits=self.compute_logits(normed))
+            h = normed if cfg.norm_output else h_pre  # fed back unshifted
+
+    def forward(
+        self,
+        aux_hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        target_probs: torch.Tensor,
+        position_mask: torch.Tensor,
+    ) -> Eagle3Output:
+        """Training-time test over already-shifted EAGLE-3 supervision (right padding only).
+
+        aux_hidden (B, T, n, Ht): slot t holds the target's aux states at t; input_ids (B, T): token_{t+1};
+        target_probs (B, T, Vd): draft-vocab distribution of token_{t+2}; position_mask (B, T).
+        loss_k = sum_t m_k[t] * CE(p_k[t], logits_k[t]) / max(sum_t m_k[t], 1) with ids/probs/mask
+        shifted left by k; loss = sum_k 0.8^k loss_k / sum_k 0.8^k (base = cfg.step_weight).
+        """
+        losses, correct, prefix_hits, counts = [], [], [], []
+        prefix = None
+        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids)):
+            probs_k = shift_left(target_probs, k).float()  # (B, T, Vd)
+            mask_k = shift_left(position_mask, k).bool()  # (B, T)
+            ce = -(probs_k * step.logits.log_softmax(-1)).sum(-1)  # (B, T)
+            n = mask_k.sum()
+            losses.append(torch.where(mask_k, ce, torch.zeros_like(ce)).sum() / n.clamp(min=1))
+            with torch.no_grad():
+                hit = (step.logits.argmax(-1) == probs_k.argmax(-1)) & mask_k
+                prefix = hit if prefix is None else prefix & hit  # chain from the same start t
+                correct.append(hit.sum())
+                prefix_hits.append(prefix.sum())
+                counts.append(n)
+        step_losses = torch.stack(losses)  # (K,)
+        w = self.cfg.step_weight ** torch.arange(len(losses), dtype=torch.float32, device=step_losses.device)
+        return Eagle3Output(
+            loss=(w * step_losses).sum() / w.sum(),
+            step_losses=step_losses.detach(),
+            step_correct=torch.stack(correct),
+            prefix_correct=torch.stack(prefix_hits),
+            step_count=torch.stack(counts),
+        )
+
+    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
+        """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (weights = `state_dict()`)."""
+        cfg = self.cfg
+        if len(aux_layer_ids) != cfg.num_aux:
+            raise ValueError(f"aux_layer_ids {list(aux_layer_ids)} has {len(aux_layer_ids)} ids but the draft's "
+                             f"fc expects num_aux={cfg.num_aux}")
+        return {
+            "architectures": ["LlamaEagle3DraftModel"],
+            "model_type": "llama",
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "vocab_size": cfg.vocab_size,
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "tie_word_embeddings": False,
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_layer_ids],
+                "use_aux_hidden_state": True,
+            },
+            "fc_norm": cfg.fc_norm,
+            "norm_output": cfg.norm_output,
+            "torch_dtype": torch_dtype,
+            "draftsmith": {"draft_type": "eagle3", "ttt_steps": cfg.ttt_steps, "step_weight": cfg.step_weight},
+        }

@@ -1,0 +1,157 @@
+"""Building blocks shared by the drafts: RMSNorm, rotary embedding, GQA helper, SwiGLU MLP.
+
+Model math only (no I/O). Conventions follow HF Llama, which is also what vLLM serves:
+- RMSNorm normalises in fp32 and casts back before the weight multiply.
+- Rotary uses the "rotate_half" (GPT-NeoX) layout: dims [0, d/2) pair with [d/2, d).
+- `inv_freq` is always fp32, whatever dtype the module is cast to: in bf16 the angles
+  `position * inv_freq` lose precision quickly (positions in the thousands), which would make the
+  training-time rotation differ from the fp32 rotation the serving engine applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU"]
+
+
+class RMSNorm(nn.Module):
+    """`weight * x / sqrt(mean(x^2) + eps)`, normalised in fp32 and cast back to x's dtype."""
+
+    def __init__(self, hidden: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., H) -> (..., H)
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def _inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies (head_dim/2,) fp32 for the supported `rope_scaling` types.
+
+    default: theta^(-2i/d). linear: divided by `factor`. llama3 (Llama 3.1): wavelengths longer than
+    `original_max_position_embeddings / low_freq_factor` are divided by `factor`, shorter than
+    `.../high_freq_factor` are kept, and the band between is interpolated smoothly.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = _rope_type(rope_scaling)
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / float(rope_scaling["factor"])
+    # llama3
+    factor = float(rope_scaling["factor"])
+    low, high = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
+    old_len = float(rope_scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rope_type(rope_scaling: dict | None) -> str:
+    if not rope_scaling:
+        return "default"
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind not in ("default", "linear", "llama3"):
+        raise ValueError(
+            f"rope_scaling type {kind!r} is not supported; expected one of None, 'default', "
+            "'linear', 'llama3' (set rope_scaling accordingly or extend drafts/layers.py)"
+        )
+    return kind
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding returning fp32 `(cos, sin)` tables for given positions.
+
+    `inv_freq` is a non-persistent buffer that is recomputed in fp32 after every `.to()/.half()/
+    .bfloat16()/.cuda()` (see `_apply`), so it never carries a low-precision copy.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        max_position_embeddings: int = 2048,
+    ):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary head_dim={head_dim} must be even (rotate_half pairs dims)")
+        _rope_type(rope_scaling)  # validate early
+        self.head_dim, self.theta = head_dim, float(theta)
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None
+        self.max_position_embeddings = max_position_embeddings
+        self.register_buffer("inv_freq", _inv_freq(head_dim, self.theta, self.rope_scaling), persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):
+        # Module.to(dtype) casts floating buffers too; rebuild inv_freq exactly in fp32 on the new device.
+        super()._apply(fn, recurse)
+        device = self.inv_freq.device
+        if device.type != "meta":
+            self.inv_freq = _inv_freq(self.head_dim, self.theta, self.rope_scaling).to(device)
+        else:
+            self.inv_freq = torch.empty(self.head_dim // 2, dtype=torch.float32, device=device)
+        return self
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (B, T) int64 -> (cos, sin), each (B, T, head_dim) fp32."""
+        with torch.autocast(device_type=positions.device.type, enabled=False):
+            freqs = positions[..., None].float() * self.inv_freq.float()  # (B, T, d/2)
+            emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, d): same angle for dim i and i + d/2
+            return emb.cos(), emb.sin()
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, theta={self.theta}, rope_scaling={self.rope_scaling}"
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dim."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, heads, T, d) by cos/sin (B, T, d): `x*cos + rotate_half(x)*sin`.
+
+    Computed in fp32 and cast back to x's dtype.
+    """
+    cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()  # (B, 1, T, d) broadcast over heads
+    x32 = x.float()
+    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """GQA: (B, h_kv, T, d) -> (B, h_kv * n_rep, T, d); query head i uses kv head i // n_rep."""
+    if n_rep == 1:
+        return x
+    b, h_kv, t, d = x.shape
+    return x[:, :, None].expand(b, h_kv, n_rep, t, d).reshape(b, h_kv * n_rep, t, d)
+
+
+class SwiGLU(nn.Module):
+    """Llama MLP: `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases. (..., H) -> (..., H)."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
