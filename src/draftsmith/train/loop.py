@@ -112,7 +112,10 @@ class Trainer:
         examples, self.dropped = build_examples(
             convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template
         )
-        self.train_set, self.eval_set = split_holdout(examples, cfg.data.eval_size, cfg.train.seed)
+        eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
+        self.train_set, self.eval_set = split_holdout(
+            examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
+        )
         cache_dir = Path(cfg.data.vocab_cache_dir) if cfg.data.vocab_cache_dir else self.out / "cache"
         draft_vocab_size = cfg.data.draft_vocab_size or self.info.vocab_size
         if saved is not None:  # the checkpoint's vocab map wins: the draft's lm_head rows follow it
@@ -164,6 +167,34 @@ class Trainer:
             out = self.draft(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
         return out, int(batch.attention_mask.sum())
 
+    def train_window(self, window: list[list[Example]]) -> dict:
+        """One optimizer step over ``window`` (up to grad_accum micro-batches).
+
+        Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
+        than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
+        single batch holding its rows, not under-weighted by 1/grad_accum.
+        """
+        t = self.cfg.train
+        self.draft.train()
+        loss, tokens, correct0, count0 = 0.0, 0, 0, 0
+        prefix = counts = None
+        for examples in window:
+            out, n_tok = self.forward(examples)
+            (out.loss / len(window)).backward()
+            tokens += n_tok
+            loss += float(out.loss.detach()) / len(window)
+            prefix = out.prefix_correct if prefix is None else prefix + out.prefix_correct
+            counts = out.step_count if counts is None else counts + out.step_count
+            correct0 += int(out.step_correct[0])
+            count0 += int(out.step_count[0])
+        if t.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad], t.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss, "tokens": tokens, "acc0": correct0 / max(count0, 1),
+                "prefix_correct": prefix, "step_count": counts}
+
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
         from tqdm import tqdm
@@ -179,30 +210,14 @@ class Trainer:
                 # A window of grad_accum micro-batches; the trailing partial window is flushed
                 # with each micro-batch weighted 1/len(window), so it equals one batch of its rows.
                 window = mbs[self.batch_pos : self.batch_pos + t.grad_accum]
-                self.draft.train()
-                loss_sum, correct0, count0, prefix, counts = 0.0, 0, 0, None, None
-                for idx in window:
-                    out, n_tok = self.forward([self.train_set[i] for i in idx])
-                    (out.loss / len(window)).backward()
-                    tokens += n_tok
-                    loss_sum += float(out.loss) / len(window)
-                    prefix = out.prefix_correct if prefix is None else prefix + out.prefix_correct
-                    counts = out.step_count if counts is None else counts + out.step_count
-                    correct0 += int(out.step_correct[0])
-                    count0 += int(out.step_count[0])
-                if t.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.draft.parameters() if p.requires_grad], t.max_grad_norm
-                    )
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                stats = self.train_window([[self.train_set[i] for i in idx] for idx in window])
+                tokens += stats["tokens"]
+                loss_sum, acc0 = stats["loss"], stats["acc0"]
+                tau = float(simulated_tau(stats["prefix_correct"], stats["step_count"]))
                 self.step += 1
                 self.batch_pos += len(window)
                 history.append((self.step, loss_sum))
                 elapsed = time.perf_counter() - start
-                tau = float(simulated_tau(prefix, counts))
-                acc0 = correct0 / max(count0, 1)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{acc0:.3f}", tau=f"{tau:.2f}",
                                 tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
@@ -248,7 +263,7 @@ class Trainer:
             correct += out.step_correct.float()
             prefix += out.prefix_correct.float()
             count += out.step_count.float()
-            loss_sum += float(out.loss)
+            loss_sum += float(out.loss.detach())
             n += 1
         metrics = {
             "loss": loss_sum / max(n, 1),

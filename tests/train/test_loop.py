@@ -1,0 +1,153 @@
+"""End-to-end training on a tiny Llama target built in the test (head_dim 32)."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.config import build_config
+from draftsmith.data.dataset import Example
+from draftsmith.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from draftsmith.train.loop import Trainer, lr_lambda, train
+from fixtures import make_tiny_llama, make_tokenizer
+
+SUBJECTS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull", "wind", "computer"]
+
+
+def write_chats(path, n=24):
+    rows = []
+    for i in range(n):
+        a, b = SUBJECTS[i % len(SUBJECTS)], SUBJECTS[(3 * i + 1) % len(SUBJECTS)]
+        rows.append({"messages": [
+            {"role": "user", "content": f"Tell me about the {a} and the {b}."},
+            {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy. The {a} jumps over the {b}."},
+        ]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    target = make_tiny_llama(root / "target", make_tokenizer("chatml"), num_layers=6, hidden=64)
+    data = write_chats(root / "chats.jsonl")
+    return target, data
+
+
+def run_config(target, data, out, **train):
+    return build_config({
+        "target": {"path": str(target), "aux_layer_ids": [1, 3, 4]},
+        "data": {"sources": [str(data)], "max_length": 64, "eval_size": 4, "draft_vocab_size": 96},
+        "draft": {"ttt_steps": 3},
+        "train": {"epochs": 3, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2, "log_every": 1, **train},
+        "output": {"dir": str(out), "tensorboard": False},
+    })
+
+
+def test_lr_schedule_warmup_then_cosine():
+    f = lr_lambda(warmup=4, total=12, min_ratio=0.1)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == pytest.approx(1.0)
+    assert f(8) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+    assert f(12) == pytest.approx(0.1) and f(20) == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_train_loss_falls_and_checkpoint_matches_design(tiny, tmp_path):
+    target, data = tiny
+    res = train(run_config(target, data, tmp_path / "run", save_every=5), progress=False)
+    losses = [loss for _, loss in res.history]
+    assert res.step == 30  # 20 train rows / batch 2 * 3 epochs
+    # soft CE is floored by the target's entropy (~4 nats here), so compare absolute drops
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+    assert res.eval["simulated_tau"] >= 1.0 and len(res.eval["step_accuracy"]) == 3
+
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / "LATEST").is_symlink() and latest_checkpoint(root) == res.checkpoint
+    assert res.checkpoint.name == "epoch_2_step_30"
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "LATEST", "epoch_0_step_10", "epoch_0_step_5", "epoch_1_step_15", "epoch_1_step_20",
+        "epoch_2_step_25", "epoch_2_step_30"]
+    cons = res.checkpoint / "model" / "consolidated"
+    assert sorted(os.listdir(cons)) == ["config.json", "model.safetensors"]
+    for f in ("optim.pt", "rng.pt", "meta.json", "config.yaml", "vocab.safetensors"):
+        assert (res.checkpoint / f).is_file()
+
+    # DESIGN section 5, key for key
+    weights = load_file(str(cons / "model.safetensors"))
+    assert sorted(weights) == sorted([
+        "model.embed_tokens.weight", "model.fc.weight",
+        "model.layers.0.input_layernorm.weight", "model.layers.0.hidden_norm.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight", "model.norm.weight", "lm_head.weight", "d2t", "t2d"])
+    V = len(make_tokenizer("chatml"))
+    assert weights["model.fc.weight"].shape == (64, 3 * 64)
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (64, 128)  # 2H input
+    assert weights["lm_head.weight"].shape == (96, 64)
+    assert weights["d2t"].dtype == torch.int64 and weights["d2t"].shape == (96,)
+    assert weights["t2d"].dtype == torch.bool and weights["t2d"].shape == (V,)
+    # d2t and t2d describe the same selection: target = draft + d2t[draft]
+    assert torch.equal(torch.arange(96) + weights["d2t"], weights["t2d"].nonzero().squeeze(1))
+    cfg = json.loads((cons / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaEagle3DraftModel"]
+    expected = {"draft_vocab_size": 96, "target_hidden_size": 64, "tie_word_embeddings": False,
+                "num_hidden_layers": 1, "vocab_size": V, "hidden_size": 64, "head_dim": 32,
+                "num_attention_heads": 2, "num_key_value_heads": 1}
+    assert {k: cfg[k] for k in expected} == expected
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    meta = json.loads((res.checkpoint / "meta.json").read_text())
+    assert meta["step"] == 30 and meta["aux_layer_ids"] == [1, 3, 4]
+    # the frozen embedding is the target's
+    from transformers import AutoModelForCausalLM
+
+    tgt = AutoModelForCausalLM.from_pretrained(target)
+    assert torch.equal(weights["model.embed_tokens.weight"], tgt.get_input_embeddings().weight.detach())
+
+
+@pytest.mark.slow
+def test_resume_mid_run_is_bitwise_equal(tiny, tmp_path):
+    target, data = tiny
+    full = train(run_config(target, data, tmp_path / "full", save_every=7, epochs=2), progress=False)
+    mid = tmp_path / "full" / "checkpoints" / "epoch_0_step_7"  # mid-epoch: data position matters
+    assert json.loads((mid / "meta.json").read_text())["batch_pos"] == 7
+    resumed = train(run_config(target, data, tmp_path / "resumed", epochs=2), resume=mid, progress=False)
+    assert resumed.step == full.step == 20
+    a = load_file(str(full.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    b = load_file(str(resumed.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [l for s, l in full.history if s > 7] == [l for _, l in resumed.history]
+
+
+@pytest.mark.slow
+def test_trailing_partial_window_equals_one_full_batch(tiny, tmp_path):
+    target, data = tiny
+    trainer = Trainer(run_config(target, data, tmp_path / "acc", grad_accum=4, max_grad_norm=0.0), progress=False)
+    g = torch.Generator().manual_seed(0)
+    # Equal lengths and equal supervised counts, so per-micro-batch normalisation equals the batch's.
+    rows = [Example(torch.randint(20, 300, (24,), generator=g).tolist(), [0] * 8 + [1] * 16) for _ in range(2)]
+    grads = []
+
+    def capture():
+        grads.append({n: p.grad.clone() for n, p in trainer.draft.named_parameters() if p.grad is not None})
+
+    trainer.optimizer.step = capture
+    trainer.train_window([[rows[0]], [rows[1]]])  # a trailing window of 2 micro-batches (accum 4)
+    trainer.train_window([[rows[0], rows[1]]])  # one batch holding the same rows
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_truncated_checkpoint_is_refused(tmp_path):
+    ck = tmp_path / "epoch_0_step_5"
+    (ck / "model" / "consolidated").mkdir(parents=True)
+    (ck / "model" / "consolidated" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="incomplete .*model.safetensors"):
+        load_checkpoint(ck)
