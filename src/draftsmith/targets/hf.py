@@ -1,0 +1,183 @@
+"""The hf engine: runs the target with transformers in this process.
+
+It is the reference engine: every other engine's features must equal these (tolerance by dtype).
+
+Layer ids (vLLM convention) map onto transformers 5.x outputs as follows. With
+``output_hidden_states=True`` a model with L decoder layers returns L + 1 states; states ``0..L-1`` are
+the residual stream after ``i`` layers (0 = embedding output), but the LAST entry is taken AFTER the
+final norm. So ids ``< L`` read ``hidden_states[i]`` and id ``L`` (the pre-norm residual stream) is
+captured by a forward pre-hook on the final norm.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from draftsmith.targets import Batch, Features, TargetInfo
+from draftsmith.targets.contract import TargetError, validate_layer_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine:
+    """A frozen HF causal LM behind the :class:`~draftsmith.targets.Engine` contract.
+
+    ``target`` is a HF checkpoint directory or ``"smollm2"`` (the embedded default, see
+    :mod:`draftsmith.models`). ``dtype`` is one of ``float32``, ``bfloat16``, ``float16``.
+    The tokenizer is available as ``.tokenizer`` and the model as ``.model``.
+    """
+
+    def __init__(self, target: Union[str, os.PathLike], *, dtype: str = "float32", device: str = "cpu"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from draftsmith.models import resolve_target
+
+        if dtype not in DTYPES:
+            raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        self.path = Path(resolve_target(target))
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=DTYPES[dtype], local_files_only=True)
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self._norm = _final_norm(self.model)
+        self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
+
+    # ------------------------------------------------------------------ static facts
+    def info(self) -> TargetInfo:
+        """Architecture facts read from the loaded config and weights."""
+        cfg = self.model.config.get_text_config()
+        embed = self.model.get_input_embeddings().weight
+        heads = int(cfg.num_attention_heads)
+        rope_theta, rope_scaling = _rope(cfg)
+        return TargetInfo(
+            num_layers=self._num_layers,
+            hidden_size=int(cfg.hidden_size),
+            vocab_size=int(embed.shape[0]),
+            dtype=self.dtype,
+            model_type=str(cfg.model_type),
+            tied=self._tied(),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+            intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+            rope_scaling=rope_scaling,
+        )
+
+    def _tied(self) -> bool:
+        # Ask the weights, not the config: the tie is what drafts that share the lm_head rely on.
+        out = self.model.get_output_embeddings()
+        embed = self.model.get_input_embeddings().weight
+        return out is not None and out.weight.data_ptr() == embed.data_ptr()
+
+    # ------------------------------------------------------------------ features
+    def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features:
+        """One target forward; aux hidden states at ``layer_ids`` (request order) and optional logits.
+
+        aux_hidden: (B, S, n, H) in the model dtype. logits: (B, S, V) in the model dtype (float32
+        for a float32 target) or None.
+        """
+        L = self._num_layers
+        ids = validate_layer_ids(layer_ids, L)
+        batch = batch.to(self.device)
+        captured: dict[str, Tensor] = {}
+        hook = None
+        if L in ids:
+            # Id L is the last decoder layer's output before the final norm: the norm's input.
+            def grab(_module, args):
+                captured["pre_norm"] = args[0]
+
+            hook = self._norm.register_forward_pre_hook(grab)
+        try:
+            # no_grad rather than inference_mode: inference tensors cannot be saved for backward, and
+            # aux states / target probs feed the draft's autograd graph (e.g. fc(aux) needs aux saved).
+            with torch.no_grad():
+                out = self.model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    output_hidden_states=True,
+                    use_cache=False,
+                    # Skip the (B, S, V) lm_head when logits are not wanted (it is ~20% of SmolLM2's
+                    # forward); 1 keeps only the last position, which we discard.
+                    logits_to_keep=0 if logits else 1,
+                )
+        finally:
+            if hook is not None:
+                hook.remove()
+        states = out.hidden_states  # L + 1 entries of (B, S, H); [L] is after the final norm
+        if len(states) != L + 1:
+            raise TargetError(
+                f"target: expected {L + 1} hidden states from {self.path}, got {len(states)}; "
+                f"this architecture's outputs do not follow the transformers 5.x layout, use another engine"
+            )
+        picked = [captured["pre_norm"] if i == L else states[i] for i in ids]
+        aux = torch.stack(picked, dim=2)  # n x (B, S, H) -> (B, S, n, H)
+        return Features(aux_hidden=aux, logits=out.logits if logits else None)
+
+    # ------------------------------------------------------------------ weights
+    def embeddings(self) -> Tensor:
+        """(V, H) input embedding; shares storage with the target (copy before modifying)."""
+        return self.model.get_input_embeddings().weight.detach()
+
+    def lm_head_weight(self) -> Tensor:
+        """(V, H) output projection; the input embedding itself when the target is tied."""
+        out = self.model.get_output_embeddings()
+        return (out.weight if out is not None else self.model.get_input_embeddings().weight).detach()
+
+    def final_norm_weight(self) -> Tensor:
+        """(H,) weight of the final norm (applied to layer id L before the lm_head)."""
+        return self._norm.weight.detach()
+
+    def close(self) -> None:
+        """Release the model; the engine is unusable afterwards."""
+        self.model = None  # type: ignore[assignment]
+        self._norm = None  # type: ignore[assignment]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "HFEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _final_norm(model) -> torch.nn.Module:
+    """The decoder's final norm module (``model.model.norm`` for Llama/Qwen/Mistral families)."""
+    decoder = model.get_decoder()
+    for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f"):
+        module = getattr(decoder, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise TargetError(
+        f"target: cannot find the final norm of {type(model).__name__} (looked for decoder.norm/"
+        f"final_layernorm/ln_f); layer id L needs it, so use a Llama-style target or another engine"
+    )
+
+
+def _rope(cfg) -> tuple[float, Optional[dict]]:
+    """(rope_theta, rope_scaling) from a transformers 4.x or 5.x config.
+
+    5.x keeps theta and scaling in ``rope_parameters`` (possibly one dict per attention type);
+    4.x has ``rope_theta`` plus ``rope_scaling``. Scaling is None for plain (``default``) RoPE.
+    """
+    params = getattr(cfg, "rope_parameters", None)
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        # Per-layer-type parameters (e.g. full vs sliding attention): full attention is the global one.
+        params = params.get("full_attention") or next(iter(params.values()))
+    if not isinstance(params, dict) or not params:
+        params = dict(getattr(cfg, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return float(theta if theta is not None else 10000.0), (scaling if kind != "default" else None)

@@ -1,0 +1,181 @@
+"""Shift semantics, layer-id defaults and draft-vocab projection (hand-built tensors)."""
+
+import math
+
+import pytest
+import torch
+
+from draftsmith.targets import Batch, Features
+from draftsmith.targets.contract import (
+    TargetError,
+    default_aux_layer_ids,
+    dflash_layer_ids,
+    eagle3_supervision,
+    shift_left,
+    validate_layer_ids,
+)
+
+LN = math.log
+
+
+# ---------------------------------------------------------------- layer ids
+@pytest.mark.parametrize(
+    "L, expected",
+    [
+        (30, [2, 15, 27]),  # SmolLM2: vLLM's (2, L//2, L-3)
+        (32, [2, 16, 29]),
+        (7, [2, 3, 4]),  # smallest L where vLLM's triple is already distinct
+        (6, [1, 3, 5]),  # vLLM gives {2, 3}: spread over 1..5
+        (5, [1, 3, 4]),  # vLLM gives {2}: spread over 1..4 (1 + round-half-up(1.5) = 3)
+        (4, [1, 2, 3]),  # vLLM gives {1, 2}: spread over 1..3
+        (3, [0, 1, 2]),  # vLLM's (2, 1, 0) is distinct and below L
+    ],
+)
+def test_default_aux_layer_ids(L, expected):
+    assert default_aux_layer_ids(L) == expected
+
+
+@pytest.mark.parametrize("L", [2, 1, 0])
+def test_default_aux_layer_ids_too_few_layers(L):
+    with pytest.raises(TargetError, match=r"target\.aux_layer_ids"):
+        default_aux_layer_ids(L)
+
+
+def test_validate_layer_ids_accepts_0_to_L_in_request_order():
+    assert validate_layer_ids([4, 0, 2], 4) == [4, 0, 2]
+    assert validate_layer_ids((1,), 1) == [1]
+
+
+@pytest.mark.parametrize(
+    "ids, pattern",
+    [
+        ([0, 5], r"target\.aux_layer_ids: layer id 5 .*0\.\.4"),
+        ([-1], r"target\.aux_layer_ids: layer id -1 .*0\.\.4"),
+        ([1, 2, 1], r"target\.aux_layer_ids: layer id 1 is repeated"),
+        ([1.0], r"target\.aux_layer_ids: 1\.0 is not an integer"),
+        ([True], r"target\.aux_layer_ids: True is not an integer"),
+        ([], r"target\.aux_layer_ids: no layer ids"),
+    ],
+)
+def test_validate_layer_ids_errors(ids, pattern):
+    with pytest.raises(TargetError, match=pattern):
+        validate_layer_ids(ids, 4)
+
+
+def test_validate_layer_ids_custom_key():
+    with pytest.raises(TargetError, match=r"dflash_config\.target_layer_ids"):
+        validate_layer_ids([9], 4, key="dflash_config.target_layer_ids")
+
+
+def test_dflash_layer_ids():
+    # 1..27 in 4 steps of 6.5: 1, 1+round(6.5)=8, 1+13=14, 1+round(19.5)=21, 27
+    assert dflash_layer_ids(30, 5) == [1, 8, 14, 21, 27]
+    assert dflash_layer_ids(30, 1) == [14]
+    assert dflash_layer_ids(6, 3) == [1, 2, 3]
+    with pytest.raises(TargetError, match=r"dflash_config\.target_layer_ids"):
+        dflash_layer_ids(5, 3)  # 1..2 holds only 2 ids
+
+
+# ---------------------------------------------------------------- shift
+def test_shift_left_int_bool_and_dims():
+    x = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert shift_left(x).tolist() == [[2, 3, 4, 0], [6, 7, 8, 0]]
+    assert shift_left(x, 2).tolist() == [[3, 4, 0, 0], [7, 8, 0, 0]]
+    assert shift_left(x, 4).tolist() == [[0] * 4] * 2
+    assert shift_left(x, 0).tolist() == x.tolist()
+    b = torch.tensor([[True, False, True]])
+    out = shift_left(b)
+    assert out.dtype == torch.bool and out.tolist() == [[False, True, False]]
+    # Along the last dim of a 3-D tensor; the input is untouched.
+    y = torch.arange(6.0).reshape(1, 2, 3)
+    assert shift_left(y, dim=-1).tolist() == [[[1.0, 2.0, 0.0], [4.0, 5.0, 0.0]]]
+    assert y.tolist() == [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]]
+
+
+# ---------------------------------------------------------------- EAGLE-3 supervision
+def _hand_batch():
+    """B=1, S=5, V=5, draft vocab = target ids [0, 2, 3] (ids 1 and 4 are outside it)."""
+    input_ids = torch.tensor([[10, 11, 12, 13, 14]])
+    loss_mask = torch.tensor([[1, 1, 0, 1, 1]])
+    logits = torch.tensor(
+        [
+            [
+                [0.0, 0.0, 0.0, 0.0, 7.0],  # pos 0: shifted away entirely
+                [LN(4), 0.0, 0.0, LN(2), 0.0],  # pos 1: argmax 0 (in draft); draft [4, 1, 2] / 7
+                [0.0, 0.0, LN(3), 0.0, 0.0],  # pos 2: argmax 2 (in draft), but loss_mask[2] = 0
+                [0.0, 5.0, 0.0, 0.0, 0.0],  # pos 3: argmax 1 is OUT of the draft vocab
+                [LN(3), 0.0, 0.0, LN(6), 0.0],  # pos 4: argmax 3 (in draft); draft [3, 1, 6] / 10
+            ]
+        ]
+    )
+    aux = torch.arange(1 * 5 * 2 * 3, dtype=torch.float32).reshape(1, 5, 2, 3)
+    batch = Batch(input_ids, torch.ones_like(input_ids), loss_mask)
+    return batch, Features(aux_hidden=aux, logits=logits)
+
+
+def test_eagle3_supervision_hand_numbers():
+    batch, feats = _hand_batch()
+    sup = eagle3_supervision(batch, feats, torch.tensor([0, 2, 3]))
+    # Aux states are NOT shifted: slot t keeps the state after token t.
+    assert torch.equal(sup.aux_hidden, feats.aux_hidden)
+    # Ids and loss mask shift left by one with a zero tail.
+    assert sup.input_ids.tolist() == [[11, 12, 13, 14, 0]]
+    assert sup.loss_mask.tolist() == [[1, 0, 1, 1, 0]]
+    expected = torch.tensor(
+        [
+            [
+                [4 / 7, 1 / 7, 2 / 7],  # slot 0 <- logits at pos 1
+                [1 / 5, 3 / 5, 1 / 5],  # slot 1 <- pos 2
+                [1 / 3, 1 / 3, 1 / 3],  # slot 2 <- pos 3 (draft columns all 0)
+                [3 / 10, 1 / 10, 6 / 10],  # slot 3 <- pos 4
+                [0.0, 0.0, 0.0],  # slot 4: zero tail
+            ]
+        ]
+    )
+    assert sup.target_probs.dtype == torch.float32
+    torch.testing.assert_close(sup.target_probs, expected, atol=1e-6, rtol=0)
+    # slot 1: loss mask 0; slot 2: target argmax (id 1) outside the draft vocab; slot 4: tail.
+    assert sup.position_mask.dtype == torch.bool
+    assert sup.position_mask.tolist() == [[True, False, False, True, False]]
+
+
+def test_eagle3_supervision_full_vocab():
+    batch, feats = _hand_batch()
+    sup = eagle3_supervision(batch, feats, None)
+    e5 = math.exp(5.0)
+    torch.testing.assert_close(sup.target_probs[0, 2], torch.tensor([1, e5, 1, 1, 1]) / (e5 + 4))
+    torch.testing.assert_close(sup.target_probs[0, 0], torch.tensor([4, 1, 1, 2, 1]) / 9.0)
+    assert sup.target_probs[0, 4].tolist() == [0.0] * 5
+    # With the full vocab only the (shifted) loss mask gates positions.
+    assert sup.position_mask.tolist() == [[True, False, True, True, False]]
+
+
+def test_eagle3_supervision_matches_plain_loop_reference():
+    torch.manual_seed(0)
+    B, S, V, n, H = 2, 6, 7, 3, 4
+    logits = torch.randn(B, S, V, dtype=torch.bfloat16) * 3
+    ids = torch.randint(0, V, (B, S))
+    loss_mask = torch.randint(0, 2, (B, S))
+    draft_ids = torch.tensor([1, 3, 4, 6])
+    batch = Batch(ids, torch.ones_like(ids), loss_mask)
+    sup = eagle3_supervision(batch, Features(torch.randn(B, S, n, H), logits), draft_ids)
+    for b in range(B):
+        for t in range(S):
+            if t + 1 < S:
+                row = logits[b, t + 1].float()
+                ref = [math.exp(row[d]) for d in draft_ids.tolist()]
+                ref = torch.tensor([r / sum(ref) for r in ref])
+                top = int(max(range(V), key=lambda v: (row[v], -v)))
+                keep = bool(loss_mask[b, t + 1]) and top in draft_ids.tolist()
+                nxt, lm = int(ids[b, t + 1]), int(loss_mask[b, t + 1])
+            else:
+                ref, keep, nxt, lm = torch.zeros(len(draft_ids)), False, 0, 0
+            torch.testing.assert_close(sup.target_probs[b, t], ref, atol=1e-6, rtol=1e-5)
+            assert bool(sup.position_mask[b, t]) == keep
+            assert int(sup.input_ids[b, t]) == nxt and int(sup.loss_mask[b, t]) == lm
+
+
+def test_eagle3_supervision_needs_logits():
+    batch, feats = _hand_batch()
+    with pytest.raises(TargetError, match="logits=True"):
+        eagle3_supervision(batch, Features(feats.aux_hidden, None), None)
