@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--ttt-steps", type=int, default=4)
     ap.add_argument("--draft-vocab-size", type=int, default=8192)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for the draft (train.bf16)")
     args = ap.parse_args()
 
     from draftsmith.config import build_config
@@ -38,7 +39,7 @@ def main() -> None:
         "data": {"sources": ["builtin:sharegpt"], "max_rows": 400, "max_length": args.max_length,
                  "eval_size": 0, "draft_vocab_size": args.draft_vocab_size},
         "draft": {"ttt_steps": args.ttt_steps},
-        "train": {"batch_size": args.batch_size},
+        "train": {"batch_size": args.batch_size, "bf16": args.bf16},
         "output": {"dir": out, "tensorboard": False},
     }, "bench")
     tr = Trainer(cfg, progress=False)
@@ -71,7 +72,8 @@ def main() -> None:
     draft_s = time.perf_counter() - t
 
     print(f"SmolLM2-135M target ({args.dtype}), {len(batches)} batches x {args.batch_size}, {n_tok} tokens, "
-          f"TTT {args.ttt_steps} steps, draft vocab {tr.vocab.draft_ids.numel()}, {torch.get_num_threads()} threads")
+          f"TTT {args.ttt_steps} steps, draft vocab {tr.vocab.draft_ids.numel()}, draft bf16 autocast {args.bf16}, "
+          f"{torch.get_num_threads()} threads")
     print(f"{'what':<34}{'seconds':>10}{'tokens/s':>12}")
     print(f"{'target forward only (features)':<34}{target_s:>10.2f}{n_tok / target_s:>12.0f}")
     print(f"{'draft training, co-located':<34}{train_s:>10.2f}{n_tok / train_s:>12.0f}")

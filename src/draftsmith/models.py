@@ -102,6 +102,9 @@ def _materialise(gguf: Path, out: Path) -> float:
         if importlib.util.find_spec(module) is None:
             raise TargetError(f"target.path: `smollm2` needs the `{module}` package to read the GGUF; run `{INSTALL_HINT}`")
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     src = dict(pretrained_model_name_or_path=gguf.parent, gguf_file=gguf.name, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(**src)  # carries the ChatML chat template from the GGUF
     quantized = AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32)  # dequantised to fp32

@@ -286,9 +286,12 @@ class Eagle3Draft(nn.Module):
         return self.model.fc(aux_hidden.flatten(-2))  # (B, T, n*Ht) -> (B, T, H)
 
     def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """norm(h_pre) (B, T, H) -> (B, T, Vd) logits in fp32 even under bf16 autocast."""
-        with torch.autocast(device_type=normed.device.type, enabled=False):
-            return F.linear(normed.float(), self.lm_head.weight.float())
+        """norm(h_pre) (B, T, H) -> (B, T, Vd) logits, returned in fp32.
+
+        Under bf16 autocast the matmul itself runs in bf16 (the lm_head dominates the draft's cost
+        on CPU); the upcast keeps log-softmax, soft CE and argmax in fp32.
+        """
+        return self.lm_head(normed).float()
 
     def iter_steps(
         self,

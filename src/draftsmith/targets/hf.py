@@ -35,8 +35,11 @@ class HFEngine:
 
     def __init__(self, target: Union[str, os.PathLike], *, dtype: str = "float32", device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         from draftsmith.models import resolve_target
+
+        hf_logging.disable_progress_bar()  # per-load bars would bury our own progress and errors
 
         if dtype not in DTYPES:
             raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")

@@ -18,7 +18,7 @@ import torch
 
 from draftsmith.config import RunConfig, dump_config
 from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, split_holdout
-from draftsmith.data.sources import load_conversations
+from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
 from draftsmith.targets import TargetInfo, open_engine
@@ -97,6 +97,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         resume_dir = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(resume_dir) if resume_dir else None  # fail before heavy work
+        for spec in cfg.data.sources:
+            iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
 
         target_path = resolve_target(cfg.target.path)
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype)

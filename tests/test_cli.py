@@ -1,0 +1,111 @@
+"""Bad input gets one line on stderr naming the problem and a non-zero exit (CLI level)."""
+
+import json
+
+import pytest
+
+from draftsmith.cli import EXIT_BAD_INPUT, main
+from fixtures import make_tiny_llama, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("t") / "target", make_tokenizer("chatml"), num_layers=4)
+
+
+def write_config(tmp_path, target, sources, **extra):
+    cfg = tmp_path / "run.yaml"
+    body = {
+        "target": {"path": str(target)},
+        "data": {"sources": [str(s) for s in sources], "max_length": 48, "eval_size": 1, "draft_vocab_size": 64},
+        "draft": {"ttt_steps": 2},
+        "train": {"max_steps": 2},
+        "output": {"dir": str(tmp_path / "out"), "tensorboard": False},
+    }
+    for sec, kv in extra.items():
+        body.setdefault(sec, {}).update(kv)
+    cfg.write_text(json.dumps(body))  # JSON is YAML
+    return cfg
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def assert_one_line(code, err, *needles):
+    assert code == EXIT_BAD_INPUT, err
+    assert err.startswith("draftsmith: error:") and "\n" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+def chats(tmp_path, n=6):
+    p = tmp_path / "chats.jsonl"
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+    p.write_text((json.dumps(row) + "\n") * n)
+    return p
+
+
+def test_missing_data_file(tmp_path, capsys, target):
+    cfg = write_config(tmp_path, target, [tmp_path / "nope.jsonl"])
+    assert_one_line(*run(capsys, "train", str(cfg), "--no-progress"), "nope.jsonl", "does not exist")
+
+
+def test_empty_dataset(tmp_path, capsys, target):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cfg = write_config(tmp_path, target, [empty])
+    assert_one_line(*run(capsys, "train", str(cfg), "--no-progress"), "empty.jsonl")
+
+
+def test_all_rows_malformed(tmp_path, capsys, target):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": "not a list"}\n{oops\n')
+    cfg = write_config(tmp_path, target, [bad])
+    assert_one_line(*run(capsys, "train", str(cfg), "--no-progress"), "bad.jsonl")
+
+
+def test_config_typo(tmp_path, capsys, target):
+    cfg = write_config(tmp_path, target, [chats(tmp_path)], train={"learning_rat": 1e-3})
+    assert_one_line(*run(capsys, "train", str(cfg)), "train.learning_rat", "lr")
+
+
+def test_set_typo(tmp_path, capsys, target):
+    cfg = write_config(tmp_path, target, [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--set", "train.max_step=3"), "train.max_step", "max_steps")
+
+
+def test_target_path_does_not_exist(tmp_path, capsys):
+    cfg = write_config(tmp_path, tmp_path / "no-such-target", [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--no-progress"), "no-such-target", "does not exist")
+
+
+def test_truncated_checkpoint(tmp_path, capsys, target):
+    ck = tmp_path / "epoch_0_step_1"
+    (ck / "model" / "consolidated").mkdir(parents=True)
+    (ck / "model" / "consolidated" / "config.json").write_text("{}")
+    (ck / "model" / "consolidated" / "model.safetensors").write_bytes(b"\x10\x00\x00")  # cut mid-header
+    for f in ("vocab.safetensors", "optim.pt", "rng.pt"):
+        (ck / f).write_bytes(b"")
+    (ck / "meta.json").write_text("{}")
+    cfg = write_config(tmp_path, target, [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--resume", str(ck), "--no-progress"), str(ck), "corrupt or truncated")
+
+
+def test_half_written_checkpoint_is_incomplete(tmp_path, capsys, target):
+    ck = tmp_path / "epoch_0_step_1"
+    (ck / "model" / "consolidated").mkdir(parents=True)
+    cfg = write_config(tmp_path, target, [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--resume", str(ck), "--no-progress"), "incomplete", "meta.json")
+
+
+def test_train_then_bare_resume_uses_latest(tmp_path, capsys, target):
+    cfg = write_config(tmp_path, target, [chats(tmp_path)])
+    assert main(["train", str(cfg), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint:" in out and "epoch_0_step_2" in out
+    # already finished: resuming re-evaluates and re-saves the same step without training more
+    assert main(["train", str(cfg), "--resume", "--no-progress"]) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
