@@ -52,7 +52,7 @@ class DraftConfig:
     fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
     norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
     freeze_embeddings: bool = True  # embeddings copied from the target
-    init_lm_head_from_target: bool = True  # lm_head rows start as the target's (draft-vocab rows)
+    init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
 
 
 @dataclass
@@ -74,6 +74,8 @@ class TrainConfig:
     eval_every: int = 0  # optimizer steps; 0 = only at the end
     save_every: int = 0  # optimizer steps; 0 = only at the end
     eval_max_batches: Optional[int] = None
+    spec_eval_every: int = 0  # optimizer steps; real speculative decoding on held-out prompts (hf engine); 0 = off
+    spec_eval_prompts: int = 8  # held-out conversations that spec_eval_every decodes (K = draft.ttt_steps)
     num_threads: Optional[int] = None  # torch intra-op threads (default: torch's choice)
 
 
@@ -200,6 +202,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     for key, v in positive.items():
         if v < 1:
             p.append(f"'{key}' = {v}: expected an integer >= 1")
+    if cfg.train.spec_eval_every < 0 or cfg.train.spec_eval_prompts < 1:
+        p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
+                 f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
     if cfg.train.lr <= 0:
         p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
     if cfg.data.eval_size < 0:

@@ -193,12 +193,13 @@ def test_prefix_hits_and_simulated_tau_hand_case():
     hits = [[1, 1, 0, 1, 1], [1, 0, 1, 1], [0, 1, 1]]  # step k, start t (t + k < T)
     calls = iter(range(3))
 
-    def fake_logits(normed):
+    def fake_logits(normed):  # forward applies the lm_head to supervised rows only: (N, H)
         k = next(calls)
-        pred = torch.zeros(1, T, dtype=torch.long)
+        pred = torch.zeros(T, dtype=torch.long)
         for t, ok in enumerate(hits[k]):
-            pred[0, t] = y[t + k] if ok else (y[t + k] + 1) % VD
-        return torch.nn.functional.one_hot(pred, VD).float() * 10
+            pred[t] = y[t + k] if ok else (y[t + k] + 1) % VD
+        assert normed.shape[0] == T - k  # the mask shifted left by k keeps starts t < T - k
+        return torch.nn.functional.one_hot(pred[: T - k], VD).float() * 10
 
     d.compute_logits = fake_logits
     out = d(torch.randn(1, T, 3, HT), torch.zeros(1, T, dtype=torch.long), probs, torch.ones(1, T))
@@ -219,7 +220,7 @@ def test_vocab_map_and_lm_head_init():
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
     with pytest.raises(ValueError, match="d2t"):
-        d.init_lm_head_from_target(torch.randn(V, H), draft_ids)  # map not installed yet
+        d.init_from_target(torch.randn(V, H), draft_ids)  # map not installed yet
     d.set_vocab_map(d2t, t2d)
     q = torch.tensor([[0, 5, 19], [7, 7, 1]])
     assert torch.equal(d.draft_to_target(q), draft_ids[q])
@@ -227,9 +228,18 @@ def test_vocab_map_and_lm_head_init():
     assert sd["d2t"].dtype == torch.int64 and torch.equal(sd["d2t"], d2t)
     assert sd["t2d"].dtype == torch.bool and torch.equal(sd["t2d"], t2d)
     target_head = torch.randn(V, H)
-    d.init_lm_head_from_target(target_head, draft_ids)
+    d.init_from_target(target_head, draft_ids)
     x = torch.randn(2, 3, H)
     torch.testing.assert_close(d.compute_logits(x), (x @ target_head.T)[..., draft_ids])
+    # with the final norm too: draft norm + lm_head == the target's head on the draft rows, and
+    # fc passes the deepest aux state through (H == Ht here)
+    norm_w = torch.rand(H) + 0.5
+    d.init_from_target(target_head, draft_ids, norm_w)
+    assert torch.equal(d.model.norm.weight, norm_w)
+    same = make_draft(target_hidden_size=H, draft_vocab_size=V)
+    same.init_from_target(target_head, torch.arange(V))
+    aux = torch.randn(1, 4, 3, H)
+    torch.testing.assert_close(same.combine(aux), aux[..., -1, :])
     with pytest.raises(ValueError, match="d2t"):
         d.set_vocab_map(d2t[:-1], t2d)
     with pytest.raises(ValueError, match="outside 0..49"):

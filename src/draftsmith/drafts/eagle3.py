@@ -134,10 +134,12 @@ class Eagle3Output:
 
 
 class Eagle3Step(NamedTuple):
-    """One TTT step: `hidden` = h_pre (B, T, H) before the final norm; `logits` (B, T, Vd) fp32."""
+    """One TTT step: `hidden` = h_pre (B, T, H) before the final norm; `logits` (B, T, Vd) fp32
+    (None when `iter_steps(..., logits=False)`); `normed` = norm(h_pre) (B, T, H)."""
 
     hidden: torch.Tensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
+    normed: torch.Tensor | None = None
 
 
 def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -258,10 +260,14 @@ class Eagle3Draft(nn.Module):
         w.requires_grad_(not freeze)
 
     @torch.no_grad()
-    def init_lm_head_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor) -> None:
-        """Copy target lm_head rows (V, H)[draft_ids (Vd,)] so draft logits start in the target's output space.
+    def init_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
+                         final_norm_weight: torch.Tensor | None = None) -> None:
+        """Start the draft in the target's output space.
 
-        draft_ids must be the target ids of draft ids 0..Vd-1 (call `set_vocab_map` first when pruned).
+        - lm_head = target lm_head rows (V, H)[draft_ids (Vd,)] (call `set_vocab_map` first when pruned);
+        - norm = the target's final norm (H,), so norm + lm_head is exactly the target's head;
+        - fc passes the deepest aux state through (identity on the last Ht block) when H == Ht, so
+          step 0 starts from the target's own late residual stream instead of a random projection.
         """
         vd, h = self.lm_head.weight.shape
         if lm_head_weight.shape != (self.cfg.vocab_size, h):
@@ -271,7 +277,15 @@ class Eagle3Draft(nn.Module):
         if ids.shape != (vd,) or not torch.equal(ids, expected):
             raise ValueError(f"draft_ids (shape {tuple(ids.shape)}) disagree with the draft's d2t map; "
                              "call set_vocab_map(d2t, t2d) built from the same draft vocab first")
-        self.lm_head.weight.copy_(lm_head_weight[ids])
+        with torch.no_grad():
+            self.lm_head.weight.copy_(lm_head_weight[ids])
+            if final_norm_weight is not None:
+                self.model.norm.weight.copy_(final_norm_weight)
+            if self.cfg.hidden_size == self.cfg.target_hidden_size:
+                ht = self.cfg.target_hidden_size
+                fc = self.model.fc.weight  # (H, n*Ht)
+                fc.zero_()
+                fc[:, -ht:].copy_(torch.eye(ht, dtype=fc.dtype))
 
     def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """aux_hidden (B, T, n, Ht) (or already concatenated (B, T, n*Ht)) -> (B, T, H) via fc_norm_i, fc."""
@@ -299,6 +313,7 @@ class Eagle3Draft(nn.Module):
         input_ids: torch.Tensor,
         steps: int | None = None,
         rope_step_offset: bool = True,
+        logits: bool = True,
     ) -> Iterator[Eagle3Step]:
         """Yield the TTT unroll step by step (`steps` defaults to cfg.ttt_steps).
 
@@ -306,7 +321,8 @@ class Eagle3Draft(nn.Module):
         at position t + k (the draft's k-th token sits k places ahead). `rope_step_offset=False` rotates
         at t for every step (only for tests showing the offset matters). The K/V cache is shared:
         query (k, t) attends over step-0 keys at positions <= t plus the diagonal keys (j, t), j = 1..k,
-        in one softmax, which is what inference sees after k drafted tokens.
+        in one softmax, which is what inference sees after k drafted tokens. `logits=False` skips the
+        lm_head so a caller can apply it to the supervised rows only.
         """
         cfg, layer = self.cfg, self.model.layers[0]
         b, t = input_ids.shape
@@ -333,7 +349,7 @@ class Eagle3Draft(nn.Module):
                 out = out + probs[..., t + j - 1, None] * values[j]
             h_pre = layer.finish(out, residual=h)
             normed = self.model.norm(h_pre)
-            yield Eagle3Step(hidden=h_pre, logits=self.compute_logits(normed))
+            yield Eagle3Step(h_pre, self.compute_logits(normed) if logits else None, normed)
             h = normed if cfg.norm_output else h_pre  # fed back unshifted
 
     def forward(
@@ -352,14 +368,18 @@ class Eagle3Draft(nn.Module):
         """
         losses, correct, prefix_hits, counts = [], [], [], []
         prefix = None
-        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids)):
-            probs_k = shift_left(target_probs, k).float()  # (B, T, Vd)
+        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False)):
             mask_k = shift_left(position_mask, k).bool()  # (B, T)
-            ce = -(probs_k * step.logits.log_softmax(-1)).sum(-1)  # (B, T)
+            # The lm_head, log-softmax and CE run on supervised rows only: (N, H) -> (N, Vd). That
+            # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
+            probs_k = shift_left(target_probs, k)[mask_k].float()  # (N, Vd)
+            logits_k = self.compute_logits(step.normed[mask_k])  # (N, Vd)
+            ce = -(probs_k * logits_k.log_softmax(-1)).sum(-1)  # (N,)
             n = mask_k.sum()
-            losses.append(torch.where(mask_k, ce, torch.zeros_like(ce)).sum() / n.clamp(min=1))
+            losses.append(ce.sum() / n.clamp(min=1))
             with torch.no_grad():
-                hit = (step.logits.argmax(-1) == probs_k.argmax(-1)) & mask_k
+                hit = torch.zeros_like(mask_k)
+                hit[mask_k] = logits_k.argmax(-1) == probs_k.argmax(-1)
                 prefix = hit if prefix is None else prefix & hit  # chain from the same start t
                 correct.append(hit.sum())
                 prefix_hits.append(prefix.sum())

@@ -1,25 +1,41 @@
-"""Engine-ready copies of a trained draft.
+"""Engine-ready copies of a trained draft: renamed weights, fixed-up config, tokenizer assets.
 
-vLLM's EAGLE-3 loader (``llama_eagle3.py``, vLLM 0.32) prefixes every non-``lm_head`` weight with
-``model.`` itself, so the ``model.``-prefixed names draftsmith saves (the NeMo AutoModel layout)
-would become ``model.model.*`` and be dropped. The vLLM copy therefore strips that prefix, keeps
-``lm_head.weight`` and ``d2t`` (vLLM maps draft id -> target id as ``id + d2t[id]``), drops ``t2d``
-(vLLM skips it) and renames the architecture to ``LlamaForCausalLMEagle3``.
+Why a copy at all: vLLM's EAGLE-3 loader (``vllm/model_executor/models/llama_eagle3.py``, 0.32,
+``load_weights``) prepends ``model.`` to every name except ``lm_head``/``d2t``/``mask_hidden``, so the
+``model.``-prefixed names draftsmith saves (the NeMo AutoModel layout) would become ``model.model.*``
+and be dropped. The copy strips that prefix, keeps ``lm_head.weight``, ``d2t`` (vLLM maps draft id ->
+target id as ``id + d2t[id]``) and ``mask_hidden``, and drops ``t2d`` (vLLM skips it).
+
+Cached exports (``serve``): the copy lives in ``<draft dir>/vllm_export/`` (``sglang_export/`` for
+SGLang) with a stamp file holding a fingerprint of every source weight file (name, size, mtime) and
+a hash of the source ``config.json`` plus the export options. It is reused while the fingerprint
+matches and rebuilt when a weight file is touched or the config changes. Every copy is built in a
+hidden sibling directory and swapped in with ``os.replace``, so a crash never leaves a half copy
+that looks valid. The source is never modified here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
+
+from .resolve import TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, resolve_draft
 
 VLLM_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
-
-# Explicit key map: on-disk draftsmith name -> vLLM name. Only the `model.` prefix changes;
-# top-level tensors (lm_head.weight, d2t, mask_hidden) keep their names, t2d is dropped.
+EXPORT_VERSION = 1  # bump when the copy format changes so old caches rebuild
+STAMP = "draftsmith_export.json"
+# On-disk draftsmith name -> vLLM name: only the `model.` prefix changes; top-level tensors keep
+# their names, t2d is dropped (vLLM and SGLang both skip it).
 TOP_LEVEL_KEYS = ("lm_head.weight", "d2t", "mask_hidden")
 DROPPED_KEYS = ("t2d",)
+
+KeyMap = Callable[[str], Optional[str]]
 
 
 def vllm_key(name: str) -> str | None:
@@ -31,26 +47,214 @@ def vllm_key(name: str) -> str | None:
     return name[len("model."):] if name.startswith("model.") else name
 
 
-def export_vllm(src: str | Path, dst: str | Path) -> Path:
-    """Write a vLLM-loadable copy of the consolidated draft in ``src`` to ``dst`` (atomic)."""
-    from safetensors.torch import load_file, save_file
+def has_wrapper_prefix(names: list[str]) -> bool:
+    """True when weights carry the ``model.`` wrapper prefix vLLM would double."""
+    return any(n.startswith("model.") for n in names)
 
-    src, dst = Path(src), Path(dst)
-    config = json.loads((src / "config.json").read_text())
-    state = load_file(str(src / "model.safetensors"))
+
+def fingerprint(draft: Draft, options: dict) -> str:
+    """sha256 over (name, size, mtime_ns) of every source weight file, the config bytes and ``options``."""
+    assert draft.dir is not None
+    files = []
+    for f in draft.weight_files:
+        st = f.stat()
+        files.append([f.name, st.st_size, st.st_mtime_ns])
+    config_sha = hashlib.sha256(draft.config_path.read_bytes()).hexdigest()
+    blob = json.dumps({"v": EXPORT_VERSION, "files": files, "config": config_sha, "options": options}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def is_fresh(out: Path, fp: str) -> bool:
+    """True when ``out`` holds a complete export stamped with fingerprint ``fp``."""
+    try:
+        return json.loads((out / STAMP).read_text()).get("fingerprint") == fp
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def require_safetensors() -> None:
+    """Rewriting weights needs safetensors (and torch); say how to get it instead of a traceback."""
+    for mod in ("safetensors", "torch"):
+        if importlib.util.find_spec(mod) is None:
+            raise EngineMissing(f"renaming the draft's weights needs the '{mod}' package, which is not installed; "
+                                f"run `pip install safetensors torch==2.13.0` (or pass a draft without the model. prefix)")
+
+
+def _load(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _save(state: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    # safetensors refuses shared or strided storage; drafts are small, so copy.
+    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(path), metadata={"format": "pt"})
+
+
+def _rename(state: dict, key_map: KeyMap, src: Path) -> dict:
     out = {}
     for name, tensor in state.items():
-        new = vllm_key(name)
-        if new is not None:
-            out[new] = tensor
-    config["architectures"] = [VLLM_EAGLE3_ARCH]
-    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
+        new = key_map(name)
+        if new is None:
+            continue
+        if new in out:
+            raise ServeError(f"{src}: tensors '{name}' and another both map to '{new}'; the checkpoint holds the same "
+                             "weight with and without the model. prefix, keep one")
+        out[new] = tensor
+    return out
+
+
+def write_weights(draft: Draft, tmp: Path, key_map: KeyMap) -> None:
+    """Write ``draft``'s weights renamed by ``key_map`` into ``tmp`` as safetensors (shards stay shards)."""
+    require_safetensors()
+    assert draft.dir is not None
+    if draft.index is None:  # one file (safetensors or pytorch_model.bin) -> model.safetensors
+        _save(_rename(_load(draft.weight_files[0]), key_map, draft.weight_files[0]), tmp / "model.safetensors")
+        return
+    # Sharded: rename shard by shard; a .bin shard becomes a .safetensors shard of the same stem.
+    shard_names: dict[str, str] = {}
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in draft.weight_files[1:]:
+        new_name = shard.name if shard.suffix == ".safetensors" else shard.stem + ".safetensors"
+        shard_names[shard.name] = new_name
+        state = _rename(_load(shard), key_map, shard)
+        _save(state, tmp / new_name)
+        total += sum(t.numel() * t.element_size() for t in state.values())
+        weight_map.update({k: new_name for k in state})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def copy_tokenizer_assets(src: Path, dst: Path) -> list[str]:
+    """Copy tokenizer/generation files that sit next to the draft; return the names copied."""
+    copied = []
+    for name in TOKENIZER_ASSETS:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def atomic_dir_swap(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by the complete directory ``tmp`` (rename the old one away first)."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Optional[str] = None,
+               extra: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write a complete engine-ready copy of ``draft`` to ``out`` atomically; return ``out``."""
+    assert draft.dir is not None
+    out = Path(out)
+    if out.resolve() == draft.dir:
+        raise ServeError(f"export destination '{out}' is the draft itself; pick another directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
-    return dst
+    tmp.mkdir()
+    try:
+        write_weights(draft, tmp, key_map)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        copy_tokenizer_assets(draft.dir, tmp)
+        if extra is not None:
+            extra(tmp)
+        # The stamp goes last: its presence marks a complete copy.
+        stamp = {"fingerprint": fp, "source": str(draft.dir), "version": EXPORT_VERSION}
+        (tmp / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+        atomic_dir_swap(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@dataclass
+class Prepared:
+    """Where an engine should read the draft, and what preparing it did (or, dry, would do)."""
+
+    path: str  # directory (or hub id) handed to the engine
+    action: str  # "hub" | "reuse" | "export" | "update-config" | "as-is"
+    note: str = ""
+
+    def describe(self, dry_run: bool) -> str:
+        verb = {"export": ("would export", "exported"), "update-config": ("would fix up", "fixed up")}
+        if self.action in verb:
+            return f"{verb[self.action][0 if dry_run else 1]} {self.note}".strip()
+        return self.note
+
+
+def prepare_cached(draft: Draft, *, kind: str, key_map: KeyMap, config: dict, options: dict,
+                   out: Optional[Path] = None, dry_run: bool = False,
+                   extra: Optional[Callable[[Path], None]] = None) -> Prepared:
+    """Reuse or (re)build the cached ``<draft dir>/<kind>_export/`` copy; nothing is written when dry."""
+    assert draft.dir is not None
+    out = Path(out) if out is not None else draft.dir / f"{kind}_export"
+    fp = fingerprint(draft, {"kind": kind, **options})
+    if is_fresh(out, fp):
+        return Prepared(str(out), "reuse", f"reusing {out} (source unchanged since it was exported)")
+    why = "stale: a source weight file or config.json changed" if (out / STAMP).exists() else "not built yet"
+    if not dry_run:
+        build_copy(draft, out, key_map=key_map, config=config, fp=fp, extra=extra)
+    return Prepared(str(out), "export", f"{draft.dir} -> {out} ({why})")
+
+
+def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, target: Optional[str] = None,
+                 num_speculative_tokens: Optional[int] = None, dflash_causal: bool = False) -> Path:
+    """``draftsmith export --to vllm|sglang|speculators``: a standalone engine-ready copy at ``dst``.
+
+    ``target`` (the target's path or hub id) is required for ``speculators``, which records it as the
+    verifier so ``vllm serve <dst>`` needs nothing else; ``num_speculative_tokens`` defaults as in
+    ``serve vllm``.
+    """
+    draft = resolve_draft(src)
+    if draft.is_hub:
+        raise ServeError(f"export: '{src}' is a hub id; download it first (huggingface-cli download {src}) "
+                         "and export the local directory")
+    if to == "vllm":
+        from .vllm import vllm_config
+
+        return build_copy(draft, Path(dst), key_map=vllm_key, config=vllm_config(draft.config, dflash_causal=dflash_causal))
+    if to == "sglang":
+        from .sglang import sglang_copy_args
+
+        return build_copy(draft, Path(dst), **sglang_copy_args(draft))
+    if to == "speculators":
+        from .vllm import speculators_config
+
+        if not target:
+            raise ServeError("export --to speculators: --target is required (the target path or hub id vLLM "
+                             "should load as the verifier)")
+        cfg = speculators_config(draft.config, target=target, k=num_speculative_tokens, dflash_causal=dflash_causal)
+        return build_copy(draft, Path(dst), key_map=vllm_key, config=cfg)
+    raise ServeError(f"export --to {to!r}: expected one of vllm, sglang, speculators")
+
+
+def export_vllm(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Write a vLLM-loadable copy of the draft in ``src`` (any layout ``serve`` accepts) to ``dst``."""
+    return export_draft(src, dst, to="vllm")
+
+
+__all__ = ["export_draft", "export_vllm", "vllm_key", "has_wrapper_prefix", "fingerprint", "prepare_cached",
+           "build_copy", "write_json_atomic", "Prepared", "VLLM_EAGLE3_ARCH", "STAMP"]

@@ -22,8 +22,8 @@ def demo_config(output: str, max_rows: int) -> dict:
         "target": {"path": "smollm2", "engine": "hf", "dtype": "bfloat16"},
         "data": {"sources": ["builtin:sharegpt"], "max_rows": max_rows, "max_length": 512,
                  "eval_size": 48, "draft_vocab_size": 8192},
-        "draft": {"type": "eagle3", "ttt_steps": 4},
-        "train": {"epochs": 1, "batch_size": 2, "grad_accum": 1, "lr": 5e-4, "warmup_steps": 20,
+        "draft": {"type": "eagle3", "ttt_steps": 3},
+        "train": {"epochs": 1, "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "warmup_steps": 20,
                   "min_lr_ratio": 0.2, "max_grad_norm": 0.5, "log_every": 10, "bf16": True},
         "output": {"dir": output, "tensorboard": True},
     }

@@ -132,8 +132,9 @@ class Trainer:
         self.draft.load_target_embeddings(self.engine.embeddings(), freeze=cfg.draft.freeze_embeddings)
         if self.pruned:
             self.draft.set_vocab_map(self.vocab.d2t, self.vocab.t2d)
-        if cfg.draft.init_lm_head_from_target and hasattr(self.engine, "lm_head_weight"):
-            self.draft.init_lm_head_from_target(self.engine.lm_head_weight(), self.vocab.draft_ids)
+        if cfg.draft.init_from_target and hasattr(self.engine, "lm_head_weight"):
+            self.draft.init_from_target(self.engine.lm_head_weight(), self.vocab.draft_ids,
+                                        self.engine.final_norm_weight())
         params = [p for p in self.draft.parameters() if p.requires_grad]
         t = cfg.train
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
@@ -235,12 +236,20 @@ class Trainer:
                     eval_metrics = self.evaluate()
                 if t.save_every and self.step % t.save_every == 0 and not stop:
                     last_ckpt = self.save()
+                if t.spec_eval_every and self.step % t.spec_eval_every == 0 and not stop:
+                    from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
+
+                    trainer_spec_eval(self, simulated=tau)
             if self.batch_pos >= len(mbs):
                 self.epoch, self.batch_pos = self.epoch + 1, 0
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
         eval_metrics = self.evaluate()
+        if t.spec_eval_every:
+            from draftsmith.eval.offline import trainer_spec_eval
+
+            eval_metrics.update(trainer_spec_eval(self, simulated=eval_metrics.get("simulated_tau")))
         last_ckpt = self.save()
         if self.writer is not None:
             self.writer.close()
