@@ -14,10 +14,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input (config, data, checkpoint, target): one line, exit 2."""
     from draftsmith.config import ConfigError
     from draftsmith.data.formats import DataError
+    from draftsmith.eval import EvalError
     from draftsmith.targets.contract import TargetError
     from draftsmith.train.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, TargetError, CheckpointError)
+    return (ConfigError, DataError, TargetError, CheckpointError, EvalError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("target", help="materialise a built-in target and print its path (e.g. `smollm2`)")
     g.add_argument("name")
     g.set_defaults(func=cmd_target)
+
+    from draftsmith.eval.cli import register as register_eval
+
+    register_eval(sub)
     return p
 
 

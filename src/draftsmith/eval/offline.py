@@ -1,0 +1,338 @@
+"""Engine-free evaluation: real speculative decoding with the hf target and a trained EAGLE-3 draft.
+
+Both sides keep KV caches. The target (:class:`HFTarget`) verifies K drafted tokens in one forward
+and is cropped back to the accepted prefix (``DynamicCache.crop``); the draft
+(:class:`Eagle3Proposer`) keeps its own cache of target slots, drafts a chain of K tokens on top of
+it, and after verification drops the chain slots and refills the newly accepted positions with the
+target's real aux states (what vLLM's EAGLE proposer does). Greedy output is token-identical to
+plain greedy decoding of the target; plain decoding runs side by side so tokens/s is a ratio.
+
+P-EAGLE (parallel) and DFlash (block) drafts are rejected here for now: they need only their own
+``Proposer`` (see :mod:`draftsmith.eval.speculative`); verification is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
+from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
+from draftsmith.eval import EvalError
+from draftsmith.eval.prompts import EvalPrompt, load_prompts, render_prompt
+from draftsmith.eval.report import acceptance_stats, build_report
+from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, generate_speculative
+
+EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
+
+
+class HFTarget:
+    """A transformers causal LM with a ``DynamicCache`` behind the ``TargetRunner`` protocol (batch 1).
+
+    Aux states use the vLLM layer-id convention: id i < L is ``hidden_states[i]``, id L (the last
+    layer before the final norm) is captured by a pre-hook on the final norm.
+    """
+
+    def __init__(self, model: Any, aux_layer_ids: Sequence[int]):
+        from draftsmith.targets.contract import validate_layer_ids
+        from draftsmith.targets.hf import _final_norm
+
+        self.model = model
+        self.num_layers = int(model.config.get_text_config().num_hidden_layers)
+        self.aux_ids = validate_layer_ids(list(aux_layer_ids), self.num_layers)
+        self._norm = _final_norm(model)
+        self.device = next(model.parameters()).device
+        self.cache = None
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    @torch.no_grad()
+    def forward(self, ids: Sequence[int], *, aux: bool, last_only: bool = False):
+        """Append ids; logits (T, V) fp32 ((1, V) with last_only), aux (T, n_aux, H) or None."""
+        captured: dict[str, torch.Tensor] = {}
+        hook = None
+        if aux and self.num_layers in self.aux_ids:
+            hook = self._norm.register_forward_pre_hook(lambda _m, args: captured.__setitem__("pre_norm", args[0]))
+        try:
+            out = self.model(input_ids=torch.tensor([list(ids)], device=self.device), past_key_values=self.cache,
+                             use_cache=True, output_hidden_states=aux, logits_to_keep=1 if last_only else 0)
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits = out.logits[0].float()
+        if not aux:
+            return logits, None
+        states = out.hidden_states  # L + 1 of (1, T, H); [L] is after the final norm
+        picked = [captured["pre_norm"] if i == self.num_layers else states[i] for i in self.aux_ids]
+        return logits, torch.stack(picked, dim=2)[0]  # n x (1, T, H) -> (T, n, H)
+
+    def crop(self, length: int) -> None:
+        extra = self.length - length
+        if extra > 0:
+            self.cache.crop(-extra)  # a negative count removes that many positions from the end
+
+
+class Eagle3Proposer:
+    """Chain proposer for an EAGLE-3 draft (see :mod:`draftsmith.drafts.eagle3_infer`)."""
+
+    kind = "chain"
+
+    def __init__(self, draft: Eagle3Draft):
+        self.draft = draft
+        vd = draft.cfg.draft_vocab_size
+        self.target_ids = draft.draft_to_target(torch.arange(vd, device=draft.lm_head.weight.device))  # (Vd,)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DraftKVCache()
+        self.filled = 0  # target slots in the cache: slot t = (aux_t, token_{t+1})
+
+    def _choose(self, logits: torch.Tensor, state: DecodeState):
+        """(Vd,) draft logits -> (target id, q over the target vocab (V,) or None when greedy)."""
+        if state.temperature <= 0:
+            return int(self.target_ids[int(logits.argmax())]), None
+        q_draft = torch.softmax(logits.float() / state.temperature, -1)  # (Vd,)
+        j = int(torch.multinomial(q_draft, 1, generator=state.generator))
+        q = torch.zeros(self.draft.cfg.vocab_size, dtype=torch.float32, device=q_draft.device)
+        q[self.target_ids] = q_draft  # zero outside the draft vocab
+        return int(self.target_ids[j]), q
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        d = self.draft
+        self.cache.crop(self.filled)  # drop last round's chain slots
+        n = state.aux.shape[0]
+        dev = d.lm_head.weight.device
+        # Target slots filled..n-1 read (aux_t, token_{t+1}); tokens[n] is the newest committed token.
+        aux = state.aux[self.filled : n].to(dev)[None]  # (1, T, n_aux, Ht)
+        ids = torch.tensor([state.tokens[self.filled + 1 : n + 1]], device=dev)  # (1, T)
+        pos = torch.arange(self.filled, n, device=dev)[None]
+        step = extend(d, self.cache, d.combine(aux), ids, pos)
+        self.filled = n
+        tokens, qs = [], []
+        for j in range(state.k):
+            tok, q = self._choose(step.logits[0, -1], state)
+            tokens.append(tok)
+            qs.append(q)
+            if j + 1 < state.k:  # chain step j+1 at position n-1+j+1 reads the state that drafted tok
+                h = next_hidden(d, step)[:, -1:]
+                step = extend(d, self.cache, h, torch.tensor([[tok]], device=dev), torch.tensor([[n + j]], device=dev))
+        q = torch.stack(qs) if state.temperature > 0 else None
+        return Proposal(torch.tensor(tokens), q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        self.cache.crop(self.filled)  # chain slots were computed from drafted states: refill lazily
+
+
+# ---------------------------------------------------------------------------------- loading
+def resolve_draft_dir(path: str | Path) -> Path:
+    """A run dir, ``checkpoints/`` root, checkpoint dir, ``model/``, ``model/consolidated/`` or a
+    vLLM export dir -> the directory holding ``config.json`` + ``model.safetensors``."""
+    from draftsmith.train.checkpoint import MODEL_SUBDIR, latest_checkpoint
+
+    p = Path(path)
+    if not p.exists():
+        raise EvalError(f"--draft: '{p}' does not exist; pass a run dir, a checkpoint dir or a consolidated draft dir")
+    for root in (p, p / "checkpoints"):
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            p = latest
+            break
+    for c in (p, p / MODEL_SUBDIR, p / "consolidated"):
+        if (c / "config.json").is_file() and (c / "model.safetensors").is_file():
+            return c
+    raise EvalError(f"--draft: no config.json + model.safetensors in '{p}' (or its model/consolidated/); "
+                    "pass a draftsmith checkpoint or an exported draft dir")
+
+
+def _draft_key(name: str) -> str:
+    """On-disk name (draftsmith `model.`-prefixed or vLLM-stripped) -> Eagle3Draft state_dict name."""
+    if name in ("lm_head.weight", "d2t", "t2d") or name.startswith("model."):
+        return name
+    if name.startswith("midlayer."):
+        return "model.layers.0." + name[len("midlayer."):]
+    return "model." + name
+
+
+def load_eagle3_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None):
+    """Load an EAGLE-3 draft for inference -> (Eagle3Draft fp32 eval, aux layer ids, draft dir).
+
+    ``target_embeddings`` (V, H) fills ``embed_tokens`` for drafts saved without it (they share
+    the target's, as vLLM does). ``t2d`` is rebuilt from ``d2t`` when an export dropped it.
+    """
+    from safetensors.torch import load_file
+
+    d = resolve_draft_dir(path)
+    config = json.loads((d / "config.json").read_text())
+    arch = (config.get("architectures") or ["?"])[0]
+    if config.get("parallel_drafting") or config.get("dflash_config") or arch not in EAGLE3_ARCHS:
+        kind = "P-EAGLE (parallel)" if config.get("parallel_drafting") else f"architecture {arch}"
+        raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline yet; only EAGLE-3 chain "
+                        f"drafts ({', '.join(EAGLE3_ARCHS)}) are; benchmark it on a server with bench-server")
+    aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not aux_ids:
+        raise EvalError(f"{d / 'config.json'}: eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
+                        "add the target layer ids the draft was trained on")
+    draft = Eagle3Draft(Eagle3Config.from_export(config))
+    state = {_draft_key(k): v for k, v in load_file(str(d / "model.safetensors")).items()}
+    if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
+        t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(draft.cfg.draft_vocab_size) + state["d2t"].long()] = True
+        state["t2d"] = t2d
+    if "model.embed_tokens.weight" not in state:
+        if target_embeddings is None:
+            raise EvalError(f"{d}: the draft has no embed_tokens; pass the target's embeddings to share them")
+        state["model.embed_tokens.weight"] = target_embeddings.detach().float().cpu()
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise EvalError(f"{d / 'model.safetensors'}: weights do not fit the config (missing {missing[:4]}, "
+                        f"unexpected {unexpected[:4]}); re-export the draft")
+    return draft.float().eval().requires_grad_(False), [int(i) for i in aux_ids], d
+
+
+def target_from_draft(draft_dir: Path) -> Optional[str]:
+    """The target recorded in the checkpoint's meta.json (walking up from the draft dir), if any."""
+    for parent in [draft_dir, *draft_dir.parents][:4]:
+        meta = parent / "meta.json"
+        if meta.is_file():
+            return json.loads(meta.read_text()).get("target")
+    return None
+
+
+def eos_ids_of(tokenizer: Any, model: Any = None) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (an int or a list there)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids.update([extra] if isinstance(extra, int) else list(extra or []))
+    return sorted(ids)
+
+
+# ---------------------------------------------------------------------------------- evaluation
+def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: int, max_new_tokens: int,
+             temperature: float = 0.0, plain: bool = True, seed: int = 0, eos_ids: Sequence[int] = (),
+             log: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """Speculative (and plain, side by side) generation for every prompt turn -> one record per turn."""
+    records = []
+    if prompts:  # warm-up (allocator, first-call overheads) so the first timed prompt is not penalised
+        ids = render_prompt(tokenizer, prompts[0].context + [{"role": "user", "content": prompts[0].turns[0]}])
+        generate_speculative(target, proposer, ids, k=k, max_new_tokens=2, temperature=0.0)
+        generate_plain(target, ids, max_new_tokens=2)
+    for n, p in enumerate(prompts):
+        messages = list(p.context)
+        for turn, question in enumerate(p.turns):
+            messages.append({"role": "user", "content": question})
+            ids = render_prompt(tokenizer, messages)
+            g = torch.Generator().manual_seed(seed + 1000 * n + turn)
+            base = generate_plain(target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  eos_ids=eos_ids, generator=g) if plain else None
+            g = torch.Generator().manual_seed(seed + 1000 * n + turn)
+            spec = generate_speculative(target, proposer, ids, k=k, max_new_tokens=max_new_tokens,
+                                        temperature=temperature, eos_ids=eos_ids, generator=g)
+            text = tokenizer.decode(spec.tokens, skip_special_tokens=True)
+            records.append({
+                "id": p.id, "category": p.category, "turn": turn, "prompt_tokens": len(ids),
+                "token_ids": spec.tokens, "text": text, "accepted": spec.accepted, "spec_s": spec.wall_s,
+                "plain_s": base.wall_s if base else None, "plain_tokens": len(base.tokens) if base else None,
+                "matches_plain": (base.tokens == spec.tokens) if base and temperature <= 0 else None,
+            })
+            messages.append({"role": "assistant", "content": text})
+            if log:
+                s = acceptance_stats(spec.accepted, k)
+                log(f"[{n + 1}/{len(prompts)}] {p.id} turn {turn}: {len(spec.tokens)} tokens, tau {s['tau']:.2f}"
+                    + ("" if records[-1]["matches_plain"] in (None, True) else "  MISMATCH vs plain"))
+    return records
+
+
+def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, temperature: float = 0.0,
+             max_new_tokens: int = 128, multi_turn: bool = False, limit: Optional[int] = None,
+             dtype: str = "float32", plain: bool = True, seed: int = 0, ignore_eos: bool = False,
+             progress: bool = True) -> dict:
+    """Open the hf target, load the draft and prompts, evaluate; return the report dict (report.py)."""
+    from draftsmith.targets.hf import HFEngine
+
+    if k < 1 or max_new_tokens < 1 or temperature < 0:
+        raise EvalError(f"-k {k} / --max-new-tokens {max_new_tokens} / --temperature {temperature}: "
+                        "k and max-new-tokens must be >= 1 and the temperature >= 0")
+    items = load_prompts(prompts, multi_turn=multi_turn, limit=limit)
+    draft_dir = resolve_draft_dir(draft)
+    target = target or target_from_draft(draft_dir)
+    if not target:
+        raise EvalError(f"--target is required: {draft_dir} records no target in a meta.json")
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    engine = HFEngine(target, dtype=dtype)
+    try:
+        model, info = engine.model, engine.info()
+        model_draft, aux_ids, _ = load_eagle3_draft(draft_dir, engine.embeddings())
+        c = model_draft.cfg
+        if c.vocab_size != info.vocab_size or c.target_hidden_size != info.hidden_size:
+            raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "
+                            f"but target {target} has vocab {info.vocab_size} / hidden {info.hidden_size}; "
+                            "pass the target the draft was trained for")
+        log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else None
+        records = evaluate(HFTarget(model, aux_ids), Eagle3Proposer(model_draft), engine.tokenizer, items, k=k,
+                           max_new_tokens=max_new_tokens, temperature=temperature, plain=plain, seed=seed,
+                           eos_ids=() if ignore_eos else eos_ids_of(engine.tokenizer, model), log=log)
+    finally:
+        engine.close()
+    config = {"target": str(target), "draft": str(draft_dir), "prompts": str(prompts), "k": k,
+              "temperature": temperature, "max_new_tokens": max_new_tokens, "multi_turn": multi_turn,
+              "dtype": dtype, "seed": seed, "ignore_eos": ignore_eos, "aux_layer_ids": aux_ids,
+              "wall_s": time.perf_counter() - t0}
+    return build_report(records, k=k, mode="offline", config=config)
+
+
+# ---------------------------------------------------------------------------------- training hook
+@torch.no_grad()
+def held_out_tau(model: Any, draft: Eagle3Draft, aux_ids: Sequence[int], prompts: Sequence[Sequence[int]], *,
+                 k: int, max_new_tokens: int = 32, eos_ids: Sequence[int] = ()) -> dict:
+    """Real greedy tau of ``draft`` on prompt token ids (what the trainer logs next to simulated tau)."""
+    was_training = draft.training
+    draft.eval()
+    try:
+        target, proposer = HFTarget(model, aux_ids), Eagle3Proposer(draft)
+        accepted: list[int] = []
+        for ids in prompts:
+            accepted += generate_speculative(target, proposer, list(ids), k=k, max_new_tokens=max_new_tokens,
+                                             eos_ids=eos_ids).accepted
+    finally:
+        draft.train(was_training)
+    return acceptance_stats(accepted, k)
+
+
+def trainer_spec_eval(trainer: Any, simulated: Optional[float] = None, max_new_tokens: int = 32) -> dict:
+    """The Trainer's ``train.spec_eval_every`` hook: real tau on the first ``train.spec_eval_prompts``
+    held-out conversations (each cut before its first assistant token), K = ``draft.ttt_steps``,
+    logged as ``spec/real_tau`` next to ``spec/simulated_tau``. Needs the hf engine; skipped otherwise."""
+    model = getattr(trainer.engine, "model", None)
+    starts = [(ex, ex.loss_mask.index(1) if 1 in ex.loss_mask else 0) for ex in trainer.eval_set]
+    prompts = [ex.input_ids[:s] for ex, s in starts if s > 0][: trainer.cfg.train.spec_eval_prompts]
+    if model is None or not prompts:
+        print(f"spec eval skipped at step {trainer.step}: needs the hf engine and held-out data (data.eval_size > 0)",
+              file=sys.stderr)
+        return {}
+    k = trainer.cfg.draft.ttt_steps
+    stats = held_out_tau(model, trainer.draft, trainer.aux_ids, prompts, k=k, max_new_tokens=max_new_tokens,
+                         eos_ids=eos_ids_of(trainer.tokenizer, model))
+    out = {"real_tau": stats["tau"], "real_acceptance_per_position": stats["acceptance_per_position"]}
+    if trainer.writer is not None:
+        trainer.writer.add_scalar("spec/real_tau", stats["tau"], trainer.step)
+        if simulated is not None:
+            trainer.writer.add_scalar("spec/simulated_tau", simulated, trainer.step)
+    sim = f", simulated tau {simulated:.3f}" if simulated is not None else ""
+    print(f"step {trainer.step}: real tau {stats['tau']:.3f} (K={k}, {len(prompts)} held-out prompts{sim})",
+          file=sys.stderr, flush=True)
+    return out
