@@ -15,10 +15,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from draftsmith.config import ConfigError
     from draftsmith.data.formats import DataError
     from draftsmith.eval import EvalError
+    from draftsmith.serve.resolve import ServeError
     from draftsmith.targets.contract import TargetError
     from draftsmith.train.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, TargetError, CheckpointError, EvalError)
+    return (ConfigError, DataError, TargetError, CheckpointError, EvalError, ServeError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -77,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_target)
 
     from draftsmith.eval.cli import register as register_eval
+    from draftsmith.serve.cli import register as register_serve
 
     register_eval(sub)
+    register_serve(sub)
     return p
 
 

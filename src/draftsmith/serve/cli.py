@@ -1,0 +1,178 @@
+"""CLI for serving: ``serve vllm``, ``serve sglang``, ``export``, ``doctor``.
+
+``register(subparsers)`` adds the subcommands to the ``draftsmith`` parser. Handlers return an exit
+code: 0 ok, 1 ``doctor`` found problems, 2 bad input or a missing engine/library (one line on stderr
+with the fix), otherwise the server's own exit code. ``python -m draftsmith.serve.cli ...`` runs them
+standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(e: Exception) -> int:
+    print(f"draftsmith: error: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _target(spec: str, dry_run: bool) -> str:
+    """``smollm2`` -> its materialised path (not materialised by a dry run); anything else untouched."""
+    if spec != "smollm2":
+        return spec
+    from draftsmith.models import SMOLLM2_NAME, default_cache_dir, resolve_target
+
+    return str(default_cache_dir() / SMOLLM2_NAME) if dry_run else resolve_target(spec)
+
+
+def _extra(args: argparse.Namespace) -> list[str]:
+    extra = list(getattr(args, "extra", None) or [])
+    return extra[1:] if extra[:1] == ["--"] else extra
+
+
+def cmd_serve_vllm(args: argparse.Namespace) -> int:
+    from .resolve import ServeError, resolve_draft
+    from .vllm import VLLM_INSTALL_HINT, launch, plan_vllm, require_module
+
+    try:
+        if not args.print_only:
+            require_module("vllm", VLLM_INSTALL_HINT)  # before writing anything
+        draft = resolve_draft(args.draft)
+        plan = plan_vllm(_target(args.target, args.print_only), draft, method=args.method,
+                         k=args.num_speculative_tokens, dflash_causal=args.dflash_causal, dry_run=args.print_only,
+                         export_dir=Path(args.export_dir) if args.export_dir else None, host=args.host,
+                         port=args.port, dtype=args.dtype, max_model_len=args.max_model_len, extra=_extra(args))
+    except ServeError as e:
+        return _fail(e)
+    for note in plan.notes:
+        print(f"draftsmith: {note}", file=sys.stderr)
+    if args.print_only:
+        print(shlex.join(plan.argv))
+        return 0
+    print("draftsmith: " + shlex.join(plan.argv), file=sys.stderr, flush=True)
+    return launch(plan.argv)
+
+
+def cmd_serve_sglang(args: argparse.Namespace) -> int:
+    from .resolve import ServeError, resolve_draft
+    from .sglang import SGLANG_INSTALL_HINT, prepare_sglang, sglang_argv
+    from .vllm import launch, require_module
+
+    try:
+        if not args.print_only:
+            require_module("sglang", SGLANG_INSTALL_HINT)
+        draft = resolve_draft(args.draft)
+        prepared, token_map = prepare_sglang(draft, dry_run=args.print_only,
+                                             export_dir=Path(args.export_dir) if args.export_dir else None)
+        argv = sglang_argv(_target(args.target, args.print_only), prepared.path, num_steps=args.num_steps,
+                           topk=args.eagle_topk, num_draft_tokens=args.num_draft_tokens, token_map=token_map,
+                           host=args.host, port=args.port, dtype=args.dtype, context_length=args.context_length,
+                           extra=_extra(args))
+    except ServeError as e:
+        return _fail(e)
+    print(f"draftsmith: {prepared.describe(args.print_only)}", file=sys.stderr)
+    if args.print_only:
+        print(shlex.join(argv))
+        return 0
+    print("draftsmith: " + shlex.join(argv), file=sys.stderr, flush=True)
+    return launch(argv)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_draft
+    from .resolve import ServeError
+
+    try:
+        out = export_draft(args.ckpt, args.out, to=args.to, target=args.target,
+                           num_speculative_tokens=args.num_speculative_tokens, dflash_causal=args.dflash_causal)
+    except ServeError as e:
+        return _fail(e)
+    print(out)
+    if args.to == "speculators":
+        print(f"serve it with: vllm serve {shlex.quote(str(out))}", file=sys.stderr)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import diagnose
+    from .resolve import ServeError, resolve_draft
+
+    try:
+        problems, notes = diagnose(resolve_draft(args.ckpt), target=args.target, engine=args.engine)
+    except (ServeError, OSError, KeyError) as e:
+        return _fail(e if isinstance(e, ServeError) else ServeError(f"doctor: cannot read the target or draft ({e})"))
+    for n in notes:
+        print(f"draftsmith doctor: {n}", file=sys.stderr)
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print(f"draftsmith doctor: {'clean' if not problems else f'{len(problems)} problem(s)'} for {args.engine}",
+          file=sys.stderr)
+    return 0 if not problems else 1
+
+
+def _common_serve(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--target", required=True, help="target model dir, hub id, or `smollm2`")
+    p.add_argument("--draft", required=True,
+                   help="epoch_* dir, its model/ or model/consolidated/, consolidated/, a HF dir, or a hub id")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--dtype", default=None, help="e.g. float32 (CPU), bfloat16; default: the engine's auto")
+    p.add_argument("--export-dir", default=None, help="where the engine-ready copy goes (default <draft>/<engine>_export)")
+    p.add_argument("--print-only", action="store_true", help="print the exact command and write nothing")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to the server unchanged")
+
+
+def register(subparsers) -> None:
+    """Add ``serve`` (``vllm``/``sglang``), ``export`` and ``doctor`` to a ``add_subparsers()`` object."""
+    s = subparsers.add_parser("serve", help="serve a trained draft with vLLM or SGLang")
+    engines = s.add_subparsers(dest="engine", required=True, metavar="ENGINE")
+    v = engines.add_parser("vllm", help="python -m vllm.entrypoints.openai.api_server with the draft")
+    _common_serve(v, 8000)
+    v.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="K (default: block_size-1 for DFlash, num_depths for P-EAGLE; required for EAGLE-3)")
+    v.add_argument("--method", default=None, choices=["eagle3", "eagle", "dflash"],
+                   help="speculative method (default: dflash for DFlash-family drafts, else eagle3)")
+    v.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
+    v.add_argument("--max-model-len", type=int, default=None)
+    v.set_defaults(func=cmd_serve_vllm)
+
+    g = engines.add_parser("sglang", help="python -m sglang.launch_server with the draft (EAGLE-3 only)")
+    _common_serve(g, 30000)
+    g.add_argument("--num-steps", type=int, default=3, help="--speculative-num-steps (default 3)")
+    g.add_argument("--eagle-topk", type=int, default=1, help="--speculative-eagle-topk (default 1: a chain)")
+    g.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="--speculative-num-draft-tokens (default num_steps + 1 for topk 1)")
+    g.add_argument("--context-length", type=int, default=None)
+    g.set_defaults(func=cmd_serve_sglang)
+
+    e = subparsers.add_parser("export", help="write a standalone engine-ready copy of a draft")
+    e.add_argument("--to", required=True, choices=["vllm", "sglang", "speculators"])
+    e.add_argument("ckpt")
+    e.add_argument("out")
+    e.add_argument("--target", default=None, help="verifier recorded in a speculators export (required there)")
+    e.add_argument("--num-speculative-tokens", type=int, default=None, help="K recorded in a speculators export")
+    e.add_argument("--dflash-causal", action="store_true")
+    e.set_defaults(func=cmd_export)
+
+    d = subparsers.add_parser("doctor", help="check a draft for problems that break serving")
+    d.add_argument("ckpt")
+    d.add_argument("--target", default=None, help="target dir or `smollm2` (default: the checkpoint's meta.json)")
+    d.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    d.set_defaults(func=cmd_doctor)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="draftsmith")
+    register(p.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = p.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""``draftsmith doctor CKPT [--target T] [--engine vllm|sglang]``: catch "good training, bad serving".
+
+Every check reads config.json files, safetensors headers and the small vocab-map tensors; nothing
+loads a model. Each finding is one line naming the key, what was found, what is expected and the
+fix. Without ``--target`` the target facts come from the checkpoint's ``meta.json`` (``target_info``)
+when there is one.
+
+Checked: the engine can load this draft type and its required keys are present; weight shapes
+agree with the config (fc width = n_aux * target_hidden, lm_head rows = draft_vocab_size); d2t/t2d
+agree with each other and with the target vocab; aux layer ids are present, distinct and in range
+for the target (vLLM ids 0..L; DFlash ``target_layer_ids`` index layer outputs 0..L-1); the mask
+token (P-EAGLE, DFlash) is set, inside the embedding and not the target's pad/eos/bos; hidden sizes,
+vocab size and rope settings match the target; K (num_depths, block_size) is sensible.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .resolve import Draft, ServeError, is_dflash_family, weight_shapes
+
+EAGLE_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
+                  "draft_vocab_size", "target_hidden_size")
+DFLASH_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "num_hidden_layers")
+MAX_K = 16  # beyond this the verify cost outgrows any realistic acceptance
+
+
+@dataclass
+class TargetFacts:
+    """What doctor needs to know about the target (from its config.json or the checkpoint's meta.json)."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    rope_theta: Optional[float] = None
+    rope_scaling: Optional[dict] = None
+    special_ids: dict = None  # name -> id (pad, eos, bos)
+    source: str = ""
+
+
+def _rope(config: dict) -> tuple[Optional[float], Optional[dict]]:
+    """(rope_theta, rope_scaling) from a config in either the transformers 4 or 5 style."""
+    params = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta", params.get("rope_theta"))
+    scaling = config.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return (float(theta) if theta is not None else None), (scaling or None)
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def target_facts(target: Optional[str], draft: Draft) -> Optional[TargetFacts]:
+    """Read the target from ``--target`` (a dir or ``smollm2``), else from the checkpoint's meta.json."""
+    if target:
+        from draftsmith.models import resolve_target
+
+        path = Path(resolve_target(target))
+        cfg = json.loads((path / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        specials = {k: _ids(cfg.get(f"{k}_token_id")) for k in ("pad", "eos", "bos")}
+        gen = path / "generation_config.json"
+        if gen.is_file():
+            g = json.loads(gen.read_text())
+            for k in specials:
+                specials[k] = sorted(set(specials[k]) | set(_ids(g.get(f"{k}_token_id"))))
+        theta, scaling = _rope(cfg)
+        return TargetFacts(cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], theta, scaling,
+                           specials, str(path))
+    root = draft.checkpoint_root()
+    if root is not None and (root / "meta.json").is_file():
+        info = json.loads((root / "meta.json").read_text()).get("target_info")
+        if info:
+            return TargetFacts(info["num_layers"], info["hidden_size"], info["vocab_size"], info.get("rope_theta"),
+                               info.get("rope_scaling"), {}, str(root / "meta.json"))
+    return None
+
+
+def _shape(shapes: dict, name: str) -> Optional[tuple]:
+    return shapes.get(name, shapes.get("model." + name))
+
+
+def check_engine(draft: Draft, engine: str) -> list[str]:
+    from .sglang import sglang_config
+    from .vllm import vllm_config
+
+    try:
+        (sglang_config if engine == "sglang" else vllm_config)(draft.config)
+    except ServeError as e:
+        return [f"engine {engine}: {e}"]
+    return []
+
+
+def check_keys(cfg: dict, family: str) -> list[str]:
+    out = []
+    required = DFLASH_REQUIRED if is_dflash_family(family) else EAGLE_REQUIRED
+    for key in required:
+        if cfg.get(key) is None:
+            out.append(f"config.json: '{key}' is missing; re-export the draft (draftsmith writes it) or add it by hand")
+    if is_dflash_family(family):
+        dflash = cfg.get("dflash_config") or {}
+        for key in ("mask_token_id", "target_layer_ids"):
+            if dflash.get(key) is None:
+                out.append(f"config.json: 'dflash_config.{key}' is missing; vLLM's DFlash loader needs it")
+        if not (cfg.get("block_size") or dflash.get("block_size")):
+            out.append("config.json: 'block_size' is missing; K defaults to block_size - 1, set it to the trained block size")
+    elif not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        out.append("config.json: 'eagle_config.eagle_aux_hidden_state_layer_ids' is missing; vLLM then guesses "
+                   "(2, L//2, L-3), which differs from what most drafts were trained on: write the training ids")
+    return out
+
+
+def check_weights(cfg: dict, family: str, shapes: dict) -> list[str]:
+    if is_dflash_family(family):
+        return []
+    out = []
+    h, ht = cfg.get("hidden_size"), cfg.get("target_hidden_size") or cfg.get("hidden_size")
+    n_aux = len((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []) or 3
+    for name, want in (("fc.weight", (h, n_aux * ht)), ("lm_head.weight", (cfg.get("draft_vocab_size"), h))):
+        got = _shape(shapes, name)
+        if got is None:
+            out.append(f"weights: '{name}' is missing; the checkpoint is not an EAGLE-3 draft or was saved incompletely")
+        elif None not in want and tuple(got) != want:
+            out.append(f"weights: '{name}' has shape {list(got)} but config.json implies {list(want)} "
+                       f"(hidden {h}, {n_aux} aux x target_hidden {ht}, draft_vocab {cfg.get('draft_vocab_size')}); "
+                       "fix config.json to match the weights")
+    if _shape(shapes, "layers.0.self_attn.q_proj.weight") is None and _shape(shapes, "midlayer.self_attn.q_proj.weight") is None:
+        out.append("weights: no 'layers.0.self_attn.q_proj.weight' (or midlayer.*); the draft layer is missing")
+    if family == "peagle" and _shape(shapes, "mask_hidden") is None:
+        out.append("weights: 'mask_hidden' is missing; vLLM's parallel drafting refuses a P-EAGLE draft without it")
+    return out
+
+
+def check_vocab_map(draft: Draft, cfg: dict, shapes: dict, tgt: Optional[TargetFacts]) -> list[str]:
+    vocab, vd = cfg.get("vocab_size"), cfg.get("draft_vocab_size")
+    out = []
+    if tgt is not None and vocab is not None and int(vocab) != tgt.vocab_size:
+        out.append(f"config.json: vocab_size {vocab} != target vocab {tgt.vocab_size} ({tgt.source}); the draft was "
+                   "trained for another tokenizer: retrain for this target")
+    if vd is None or vocab is None or int(vd) >= int(vocab) or is_dflash_family(draft.family):
+        return out
+    if _shape(shapes, "d2t") is None:
+        return out + [f"weights: draft_vocab_size {vd} < vocab_size {vocab} but there is no 'd2t'; engines would "
+                      "read draft ids as target ids: re-export with the vocab map"]
+    from .sglang import draft_ids
+
+    targets = draft_ids(draft)
+    v = tgt.vocab_size if tgt is not None else int(vocab)
+    if targets.numel() != int(vd):
+        out.append(f"weights: d2t has {targets.numel()} entries but draft_vocab_size is {vd}; fix config.json")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= v):
+        out.append(f"weights: d2t maps draft ids to target ids {int(targets.min())}..{int(targets.max())}, outside "
+                   f"0..{v - 1}; d2t must hold target_id - draft_id offsets for this target")
+    if targets.unique().numel() != targets.numel():
+        out.append("weights: d2t maps two draft ids to the same target id; rebuild the vocab map (sorted unique ids)")
+    t2d_shape = _shape(shapes, "t2d")
+    if t2d_shape is not None:
+        from safetensors import safe_open
+
+        t2d = None
+        for f in draft.weight_files:
+            if f.suffix == ".safetensors":
+                with safe_open(str(f), framework="pt") as h:
+                    for key in ("t2d", "model.t2d"):
+                        if key in h.keys():
+                            t2d = h.get_tensor(key).bool()
+        if t2d is not None:
+            inside = targets[(targets >= 0) & (targets < t2d.numel())]
+            named = t2d.new_zeros(t2d.shape)
+            named[inside] = True  # the set of target ids d2t names
+            if inside.numel() != targets.numel() or not bool((named == t2d).all()):
+                out.append(f"weights: t2d marks {int(t2d.sum())} ids but d2t names {targets.numel()} targets "
+                           "(not the same set); rebuild both from one draft vocab")
+            if tgt is not None and t2d.numel() != tgt.vocab_size:
+                out.append(f"weights: t2d has {t2d.numel()} entries but the target vocab is {tgt.vocab_size}")
+    return out
+
+
+def check_layers(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str]:
+    if tgt is None:
+        return []
+    L = tgt.num_layers
+    if is_dflash_family(family):
+        ids, lo, hi, key = (cfg.get("dflash_config") or {}).get("target_layer_ids") or [], 0, L - 1, "dflash_config.target_layer_ids"
+    else:
+        ids, lo, hi, key = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [], 0, L, \
+            "eagle_config.eagle_aux_hidden_state_layer_ids"
+    out = []
+    bad = [i for i in ids if not lo <= int(i) <= hi]
+    if bad:
+        out.append(f"config.json: {key} {ids} has {bad} outside {lo}..{hi} for a {L}-layer target; "
+                   "the draft was trained for a deeper target or with another id convention")
+    if len(set(ids)) != len(ids):
+        out.append(f"config.json: {key} {ids} repeats a layer; use distinct ids")
+    return out
+
+
+def check_mask(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str]:
+    if family not in ("peagle", "dflash", "jetspec", "domino"):
+        return []
+    from .vllm import mask_token
+
+    m = mask_token(cfg)
+    if m is None:
+        return ["config.json: no mask token (mask_token_id / dflash_config.mask_token_id); set the reserved id the "
+                "draft was trained with"]
+    v = tgt.vocab_size if tgt is not None else cfg.get("vocab_size")
+    out = []
+    if v is not None and not 0 <= m < int(v):
+        out.append(f"config.json: mask token {m} is outside the embedding (0..{int(v) - 1}); pick a reserved id "
+                   "inside the target vocab")
+    for name, ids in ((tgt.special_ids or {}) if tgt is not None else {}).items():
+        if m in ids:
+            out.append(f"config.json: mask token {m} is the target's {name} token; use a reserved, otherwise unused "
+                       "id (e.g. an unused added token) and retrain")
+    return out
+
+
+def check_sizes(cfg: dict, family: str, shapes: dict, tgt: Optional[TargetFacts]) -> list[str]:
+    if tgt is None:
+        return []
+    out = []
+    th = cfg.get("target_hidden_size") or cfg.get("hidden_size")
+    if th is not None and int(th) != tgt.hidden_size:
+        out.append(f"config.json: target_hidden_size {th} != target hidden_size {tgt.hidden_size}; the draft belongs "
+                   "to another target")
+    shares_embed = is_dflash_family(family) or _shape(shapes, "embed_tokens.weight") is None
+    if shares_embed and cfg.get("hidden_size") not in (None, tgt.hidden_size):
+        out.append(f"config.json: hidden_size {cfg['hidden_size']} != target {tgt.hidden_size}, but the draft has no "
+                   "embed_tokens and would share the target's; save embed_tokens or match the hidden size")
+    theta, scaling = _rope(cfg)
+    if tgt.rope_theta is not None and theta is not None and abs(theta - tgt.rope_theta) > 1e-6 * tgt.rope_theta:
+        out.append(f"config.json: rope_theta {theta:g} != target rope_theta {tgt.rope_theta:g}; positions would "
+                   "rotate differently than in training: set the target's value (and retrain if trained so)")
+    t_type = (tgt.rope_scaling or {}).get("rope_type", (tgt.rope_scaling or {}).get("type"))
+    d_type = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if t_type != d_type:
+        out.append(f"config.json: rope scaling {d_type or 'none'} != target's {t_type or 'none'}; copy the target's "
+                   "rope_scaling into the draft config")
+    return out
+
+
+def check_k(cfg: dict, family: str) -> list[str]:
+    if family == "peagle":
+        k = cfg.get("num_depths")
+        if k is None or not 1 <= int(k) <= MAX_K:
+            return [f"config.json: num_depths {k} must be in 1..{MAX_K} (it is K for parallel drafting)"]
+    if family in ("dflash", "jetspec", "domino"):
+        b = cfg.get("block_size") or (cfg.get("dflash_config") or {}).get("block_size")
+        if b is not None and not 2 <= int(b) <= MAX_K + 1:
+            return [f"config.json: block_size {b} must be in 2..{MAX_K + 1} (K = block_size - 1)"]
+    return []
+
+
+def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm") -> tuple[list[str], list[str]]:
+    """Return (problems, notes) for ``draft``; no problems means it should serve on ``engine``."""
+    if draft.is_hub:
+        raise ServeError(f"doctor: '{draft.source}' is a hub id; download it and pass the local directory")
+    tgt = target_facts(target, draft)
+    notes = [f"draft {draft.dir} ({draft.family}, {draft.layout})",
+             f"target facts from {tgt.source}" if tgt else "no target facts (pass --target): range checks skipped"]
+    cfg, family = draft.config, draft.family
+    shapes = weight_shapes(draft)
+    problems = check_engine(draft, engine) + check_keys(cfg, family) + check_weights(cfg, family, shapes)
+    problems += check_vocab_map(draft, cfg, shapes, tgt) + check_layers(cfg, family, tgt)
+    problems += check_mask(cfg, family, tgt) + check_sizes(cfg, family, shapes, tgt) + check_k(cfg, family)
+    return problems, notes
+
+
+__all__ = ["diagnose", "target_facts", "TargetFacts"]

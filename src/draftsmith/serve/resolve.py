@@ -1,0 +1,203 @@
+"""Find the servable draft inside whatever path a user hands to ``serve`` / ``export`` / ``doctor``.
+
+Accepted: a checkpoint dir (``epoch_<E>_step_<S>``), its ``model/``, ``model/consolidated/``, a
+bare ``consolidated/``, a plain HF model dir, a run dir or ``checkpoints/`` root (followed through
+``LATEST``), or a hub id (``org/name``), which is passed through untouched. The first candidate
+holding ``config.json`` plus a weight file (``model.safetensors``, a sharded
+``model.safetensors.index.json``, or ``pytorch_model.bin``) wins.
+
+Reading what a draft is never loads tensors: safetensors headers and shard indexes are parsed as
+JSON (the format is an 8-byte little-endian header length followed by a JSON header); only a
+``pytorch_model.bin`` needs ``torch.load`` to list its names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+# Files an engine or tokenizer needs next to the weights; copied into every export.
+TOKENIZER_ASSETS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ServeError(ValueError):
+    """A draft that cannot be served or exported as asked; the message names the file and the fix."""
+
+
+class EngineMissing(ServeError):
+    """The inference engine (or a library a step needs) is not importable; the message has the install hint."""
+
+
+@dataclass
+class Draft:
+    """A resolved draft: where it lives, its config, its weight files and what kind of draft it is."""
+
+    source: str  # what the user passed
+    dir: Optional[Path] = None  # None for a hub id
+    config: dict = field(default_factory=dict)
+    layout: str = "hub"  # "safetensors" | "sharded" | "bin" | "sharded-bin" | "hub"
+    weight_files: list[Path] = field(default_factory=list)  # every file a fingerprint must cover
+    index: Optional[dict] = None  # parsed shard index (sharded layouts)
+
+    @property
+    def is_hub(self) -> bool:
+        return self.dir is None
+
+    @property
+    def family(self) -> str:
+        """``eagle3`` | ``peagle`` | ``dflash`` | ``jetspec`` | ``domino`` (``eagle3`` for a hub id)."""
+        return draft_family(self.config)
+
+    @property
+    def config_path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "config.json"
+
+    def checkpoint_root(self) -> Optional[Path]:
+        """The ``epoch_*`` dir above ``model/consolidated/`` (holds vocab.safetensors, meta.json), if any."""
+        if self.dir is None:
+            return None
+        for up in (self.dir, self.dir.parent, self.dir.parent.parent):
+            if (up / "meta.json").is_file() or (up / "vocab.safetensors").is_file():
+                return up
+        return None
+
+
+def draft_family(config: dict) -> str:
+    """Classify a draft config: DFlash family by architecture or ``dflash_config``, P-EAGLE by
+    ``parallel_drafting``, otherwise EAGLE-3. JetSpec = DFlash with ``dflash_config.causal``;
+    Domino = DFlash with ``dflash_config.projector_type: domino``."""
+    archs = config.get("architectures") or []
+    dflash = config.get("dflash_config")
+    if any(a in DFLASH_ARCHS for a in archs) or isinstance(dflash, dict):
+        dflash = dflash or {}
+        if str(dflash.get("projector_type", "")).lower() == "domino":
+            return "domino"
+        return "jetspec" if dflash.get("causal") else "dflash"
+    if config.get("parallel_drafting"):
+        return "peagle"
+    return "eagle3"
+
+
+def is_dflash_family(family: str) -> bool:
+    return family in ("dflash", "jetspec", "domino")
+
+
+def _weight_layout(d: Path) -> Optional[tuple[str, list[Path], Optional[dict]]]:
+    """The weight files in ``d`` (layout, files incl. the index, parsed index) or None."""
+    for index_name, layout in ((SAFETENSORS_INDEX, "sharded"), (TORCH_BIN_INDEX, "sharded-bin")):
+        idx_path = d / index_name
+        if idx_path.is_file():
+            try:
+                index = json.loads(idx_path.read_text())
+                shards = sorted(set(index["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+                raise ServeError(f"{idx_path}: unreadable shard index ({type(e).__name__}); "
+                                 "it must be JSON with a 'weight_map' of tensor name -> shard file") from None
+            missing = [s for s in shards if not (d / s).is_file()]
+            if missing:
+                raise ServeError(f"{idx_path} lists shard(s) {', '.join(missing)} that are missing from {d}; "
+                                 "copy the complete checkpoint")
+            return layout, [idx_path] + [d / s for s in shards], index
+    if (d / SAFETENSORS).is_file():
+        return "safetensors", [d / SAFETENSORS], None
+    if (d / TORCH_BIN).is_file():
+        return "bin", [d / TORCH_BIN], None
+    return None
+
+
+def candidates(path: Path) -> list[Path]:
+    """Directories tried, in order, for a user path."""
+    out = [path, path / "consolidated", path / "model" / "consolidated", path / "model"]
+    for root in (path, path / "checkpoints"):  # a run dir or checkpoints/ root: follow LATEST
+        latest = root / "LATEST"
+        if latest.exists():
+            target = latest.resolve()
+            out += [target / "model" / "consolidated", target / "model"]
+    return out
+
+
+def resolve_draft(spec: str | os.PathLike) -> Draft:
+    """Resolve ``spec`` to a :class:`Draft` (see the module docstring for what is accepted)."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if not path.exists():
+        if HUB_ID.match(text) and not text.startswith((".", "/", "~")):
+            return Draft(source=text)
+        raise ServeError(f"--draft: '{text}' does not exist and is not a hub id (org/name); pass a checkpoint dir "
+                         "(epoch_*_step_*), its model/ or model/consolidated/, or a HF model dir")
+    if not path.is_dir():
+        raise ServeError(f"--draft: '{text}' is a file; pass the directory that holds config.json and the weights")
+    for cand in candidates(path):
+        if not (cand / "config.json").is_file():
+            continue
+        found = _weight_layout(cand)
+        if found is None:
+            continue
+        layout, files, index = found
+        try:
+            config = json.loads((cand / "config.json").read_text())
+        except json.JSONDecodeError as e:
+            raise ServeError(f"{cand / 'config.json'}: not valid JSON ({e.msg} at line {e.lineno}); "
+                             "fix or re-export the draft config") from None
+        return Draft(source=text, dir=cand.resolve(), config=config, layout=layout, weight_files=files, index=index)
+    tried = ", ".join(str(c) for c in candidates(path)[:4])
+    raise ServeError(f"--draft: no draft under '{text}' (tried {tried}); each needs config.json plus "
+                     f"{SAFETENSORS}, {SAFETENSORS_INDEX} + shards, or {TORCH_BIN}")
+
+
+def safetensors_header(path: Path) -> dict:
+    """Tensor name -> {dtype, shape, data_offsets} from a safetensors file, without reading tensors."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ServeError(f"{path}: truncated safetensors file (no header); re-export the draft")
+        (n,) = struct.unpack("<Q", raw)  # little-endian u64 header length
+        if n > 100_000_000:
+            raise ServeError(f"{path}: safetensors header of {n} bytes is not plausible; the file is corrupt")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ServeError(f"{path}: corrupt safetensors header; re-export the draft") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def weight_shapes(draft: Draft) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over all weight files (``pytorch_model.bin`` is loaded with torch)."""
+    assert draft.dir is not None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in draft.weight_files:
+        if f.name.endswith(".json"):
+            continue
+        if f.suffix == ".safetensors":
+            shapes.update({k: tuple(v["shape"]) for k, v in safetensors_header(f).items()})
+        else:
+            import torch
+
+            state = torch.load(f, map_location="cpu", weights_only=True)
+            shapes.update({k: tuple(v.shape) for k, v in state.items()})
+    return shapes
+
+
+def weight_names(draft: Draft) -> list[str]:
+    """All tensor names of the draft (from the shard index when there is one)."""
+    if draft.index is not None:
+        return sorted(draft.index["weight_map"])
+    return sorted(weight_shapes(draft))
+
+
+__all__ = ["Draft", "ServeError", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
+           "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS", "DFLASH_ARCHS"]

