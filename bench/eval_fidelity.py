@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 
 BUILTIN = ["Explain how a hash map works and when you would use one.", "Write a short poem about autumn leaves.",
            "What are the main causes of inflation?", "Give me three tips for learning a new language.",
@@ -70,12 +68,6 @@ def vllm_copy(run: Path, tmp: Path) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def vllm_tau(target: str, draft: Path, prompts, render, k: int, max_tokens: int, log: Path) -> dict:
     """Start ONE vLLM server (bounded wait, always stopped) and bench it with draftsmith's bench-server."""
     from draftsmith.eval.online import HttpClient, bench_server
@@ -85,30 +77,10 @@ def vllm_tau(target: str, draft: Path, prompts, render, k: int, max_tokens: int,
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--host", "127.0.0.1",
             "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
             "--speculative-config", spec]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited {proc.returncode}; see {log}")
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError(f"vLLM not ready in 600 s; see {log}")
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5)
-                break
-            except OSError:
-                time.sleep(1)
-        return bench_server(url, prompts, api="completions", render=render, max_tokens=max_tokens, ignore_eos=True,
-                            k=k, client=HttpClient(timeout_s=900), extra={"return_token_ids": True})
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    with ServerProcess(argv, port, log, env=env, ready_s=600, stop_s=60) as srv:
+        return bench_server(srv.base, prompts, api="completions", render=render, max_tokens=max_tokens,
+                            ignore_eos=True, k=k, client=HttpClient(timeout_s=900), extra={"return_token_ids": True})
 
 
 def main() -> int:

@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -26,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 
 BUILTIN_PROMPTS = [
     "Explain how a hash map works and when you would use one.",
@@ -67,53 +66,29 @@ def counters(base: str) -> dict[str, float]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_config(name: str, argv: list[str], port: int, prompts: list[list[int]], max_tokens: int, log: Path,
                preload: str = "") -> dict:
     """Start the server, warm up, send every prompt alone, read the counters, stop the server."""
     base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     if preload:  # vLLM CPU warns that speculative decoding is much slower without Intel OpenMP preloaded
-        env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            t0 = time.monotonic()
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name}: server exited {proc.returncode}; see {log}")
-                if time.monotonic() - t0 > 600:
-                    raise RuntimeError(f"{name}: server not ready in 600 s; see {log}")
-                try:
-                    http(base + "/health", timeout=5)
-                    break
-                except OSError:
-                    time.sleep(1)
-            ready_s = time.monotonic() - t0
-            model = json.loads(http(base + "/v1/models"))["data"][0]["id"]
+        env["LD_PRELOAD"] = ":".join(p for p in (preload, os.environ.get("LD_PRELOAD", "")) if p)
+    t0 = time.monotonic()
+    with ServerProcess(argv, port, log, env=env, ready_s=600, stop_s=60):
+        ready_s = time.monotonic() - t0
+        model = json.loads(http(base + "/v1/models"))["data"][0]["id"]
 
-            def complete(ids):
-                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
-                        "return_token_ids": True}
-                return json.loads(http(base + "/v1/completions", body))["choices"][0]["token_ids"]
+        def complete(ids):
+            body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                    "return_token_ids": True}
+            return json.loads(http(base + "/v1/completions", body))["choices"][0]["token_ids"]
 
-            complete(prompts[0][:16])  # warm-up, excluded
-            before = counters(base)
-            t = time.monotonic()
-            outs = [complete(p) for p in prompts]
-            wall = time.monotonic() - t
-            after = counters(base)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        complete(prompts[0][:16])  # warm-up, excluded
+        before = counters(base)
+        t = time.monotonic()
+        outs = [complete(p) for p in prompts]
+        wall = time.monotonic() - t
+        after = counters(base)
     diff = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
     drafts = diff["vllm:spec_decode_num_drafts_total"]
     tokens = sum(len(o) for o in outs)

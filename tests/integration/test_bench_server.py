@@ -3,13 +3,8 @@ always terminated. Its tau must equal 1 + accepted/drafts of a direct /metrics r
 engine-free evaluator must see the same acceptance on the same token ids, K and budget (fp32, greedy)."""
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +14,7 @@ import torch
 from draftsmith.eval.offline import Eagle3Proposer, HFTarget, evaluate
 from draftsmith.eval.online import HttpClient, bench_server
 from draftsmith.eval.prompts import EvalPrompt, render_prompt
+from draftsmith.serve.process import ServerProcess, free_port
 from fixtures import make_tiny_llama, make_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))  # the evaluation tests' draft helpers
@@ -30,12 +26,6 @@ PROMPTS = [EvalPrompt("a", "facts", ["What is the capital of France?"]),
            EvalPrompt("b", "facts", ["How many legs does a spider have?"]),
            EvalPrompt("c", "jokes", ["Tell me a joke about cats."]),
            EvalPrompt("d", "jokes", ["Write a haiku about the sea."])]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spec_totals(url):
@@ -76,31 +66,9 @@ def server(setup, tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
            "--speculative-config", spec]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not ready after {READY_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine workers
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    with ServerProcess(cmd, port, log, ready_s=READY_TIMEOUT_S,
+                       env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}) as srv:
+        yield srv.base
 
 
 @pytest.mark.vllm

@@ -16,11 +16,8 @@ fourth server start.
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +29,7 @@ import torch  # noqa: E402
 
 from draftsmith.config import build_config  # noqa: E402
 from draftsmith.serve.export import export_draft  # noqa: E402
+from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
 
@@ -40,12 +38,6 @@ K = 3
 MAX_TOKENS = 20
 READY_S = 300  # bounded wait for a server (CPU start ~30 s; generous for a loaded CI box)
 PROMPTS = ["Tell me a joke about cats.", "What is the capital of France?"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, str]:
@@ -58,50 +50,18 @@ def http(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[in
         return e.code, e.read().decode()
 
 
-class Server:
-    """Start a server command in its own process group; wait for /health; always kill the group."""
+class Server(ServerProcess):
+    """A vLLM OpenAI server for these tests: started in its own group, always stopped."""
 
     def __init__(self, argv: list[str], port: int, log: Path):
-        self.argv, self.port, self.log = argv, port, log
-        self.base = f"http://127.0.0.1:{port}"
+        super().__init__(argv, port, log, ready_s=READY_S, env={
+            "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])})
 
     def __enter__(self):
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-        self.fh = open(self.log, "w")
-        self.proc = subprocess.Popen(self.argv, stdout=self.fh, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + READY_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.close()
-                pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-            try:
-                if http(self.base + "/health", timeout=5)[0] == 200:
-                    self.model = json.loads(http(self.base + "/v1/models")[1])["data"][0]["id"]
-                    return self
-            except OSError:
-                pass
-            time.sleep(1.0)
-        self.close()
-        pytest.fail(f"server not healthy within {READY_S} s:\n{self.log.read_text()[-4000:]}")
-
-    def close(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        try:  # engine-core children share the group
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.fh.close()
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__enter__()
+        self.model = json.loads(http(self.base + "/v1/models")[1])["data"][0]["id"]
+        return self
 
     def complete(self, prompt_ids: list[int]) -> list[int]:
         body = {"model": self.model, "prompt": prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0.0,

@@ -1,0 +1,82 @@
+"""An HTTP server command run as a child process group: wait (bounded) for its health URL, always
+stop the whole group. Used by the integration tests and the serving/evaluation benchmarks, which
+start real vLLM servers; the group matters because vLLM's engine core runs in child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not answer its health URL in time; the message ends with its log."""
+
+
+class ServerProcess:
+    """``with ServerProcess(argv, port, log) as s:`` starts ``argv``, waits for ``s.base + health``.
+
+    On exit (or a failed start) the process group gets SIGTERM, then SIGKILL after ``stop_s``.
+    """
+
+    def __init__(self, argv: Sequence[str], port: int, log: Path, *, env: Optional[dict] = None,
+                 ready_s: float = 300.0, health: str = "/health", stop_s: float = 30.0):
+        self.argv, self.port, self.log = list(argv), port, Path(log)
+        self.env = {**os.environ, **(env or {})}
+        self.ready_s, self.health, self.stop_s = ready_s, health, stop_s
+        self.base = f"http://127.0.0.1:{port}"
+        self.proc: Optional[subprocess.Popen] = None
+
+    def __enter__(self) -> "ServerProcess":
+        with open(self.log, "w") as fh:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        deadline = time.monotonic() + self.ready_s
+        while True:
+            if self.proc.poll() is not None:
+                self.close()
+                raise ServerStartError(f"{self.argv[:3]} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base + self.health, timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except (OSError, urllib.error.HTTPError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise ServerStartError(f"{self.argv[:3]} not healthy within {self.ready_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=self.stop_s)
+        try:  # engine-core children share the group and may outlive the parent
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __exit__(self, *exc) -> None:
+        self.close()
