@@ -109,3 +109,10 @@ def test_train_then_bare_resume_uses_latest(tmp_path, capsys, target):
     # already finished: resuming re-evaluates and re-saves the same step without training more
     assert main(["train", str(cfg), "--resume", "--no-progress"]) == 0
     assert "trained 2 steps" in capsys.readouterr().out
+
+
+def test_engine_flag_overrides_config_and_unavailable_engine_fails_first(tmp_path, capsys, target):
+    # sglang cannot run here (no CPU build): the run stops before data or the target load, naming why
+    cfg = write_config(tmp_path, target, [tmp_path / "missing.jsonl"])
+    code, err = run(capsys, "train", str(cfg), "--engine", "sglang", "--no-progress")
+    assert code == EXIT_BAD_INPUT and "\n" not in err and "sglang" in err.lower(), err

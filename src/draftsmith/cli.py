@@ -26,7 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from draftsmith.config import load_config
     from draftsmith.train.loop import train
 
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set + ([f"target.engine={args.engine}"] if args.engine else []))
     result = train(cfg, resume=args.resume, progress=not args.no_progress)
     ev = result.eval
     print(f"trained {result.step} steps ({result.tokens} tokens, {result.tokens_per_s:.0f} tok/s, {result.wall_s:.0f} s)")
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     t.add_argument("--resume", nargs="?", const="__output__", default=None, metavar="CKPT",
                    help="resume from CKPT (a checkpoint dir or run dir); bare --resume uses LATEST under output.dir")
+    t.add_argument("--engine", choices=["hf", "vllm", "sglang", "remote"], default=None,
+                   help="how the target runs (overrides target.engine)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -78,10 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_target)
 
     from draftsmith.eval.cli import register as register_eval
+    from draftsmith.remote.cli import register as register_remote
     from draftsmith.serve.cli import register as register_serve
 
     register_eval(sub)
     register_serve(sub)
+    register_remote(sub)
     return p
 
 
@@ -91,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "resume", None) == "__output__":
             from draftsmith.config import load_config
 
-            args.resume = load_config(args.config, args.set).output.dir
+            args.resume = load_config(args.config, args.set).output.dir  # --engine does not move output.dir
         return int(args.func(args) or 0)
     except _user_errors() as e:
         print(f"draftsmith: error: {e}", file=sys.stderr)

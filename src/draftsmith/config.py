@@ -28,9 +28,18 @@ class ConfigError(ValueError):
 @dataclass
 class TargetConfig:
     path: str = "smollm2"  # HF checkpoint dir, or `smollm2` for the embedded default target
-    engine: str = "hf"  # hf (more engines arrive behind the same contract)
+    engine: str = "hf"  # hf | vllm | sglang, all behind the same engine contract
     dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
+    engine_kwargs: Optional[dict] = None  # passed to the engine, e.g. {max_model_len: 2048, gpu_memory_utilization: 0.5}
+    # engine `remote`: the target runs in `draftsmith serve-target` processes (DESIGN section 7)
+    remote_urls: list[str] = field(default_factory=list)  # e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002]
+    prefetch_depth: int = 1  # supervision requests in flight (0 = synchronous)
+    remote_timeout_s: float = 300.0  # per request (connect and each read)
+    remote_retries: int = 5  # failed attempts tolerated per request before the run stops
+    remote_backoff_s: float = 0.5  # first wait when no server is up; doubles per retry
+    remote_health_interval_s: float = 5.0  # how often a down server is re-checked
+    remote_auth_token_file: Optional[str] = None  # bearer token file (same as serve-target's)
 
 
 @dataclass
@@ -99,7 +108,7 @@ class RunConfig:
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in fields(RunConfig)}  # type: ignore[misc]
 CHOICES: dict[str, tuple[str, ...]] = {
-    "target.engine": ("hf",),
+    "target.engine": ("hf", "vllm", "sglang", "remote"),
     "target.dtype": ("float32", "bfloat16", "float16"),
     "draft.type": ("eagle3",),
 }
@@ -213,6 +222,15 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'data.draft_vocab_size' = {cfg.data.draft_vocab_size}: expected >= 2 or null for the full vocab")
     if not cfg.data.sources:
         p.append("'data.sources' is empty: list at least one file, directory or builtin:sharegpt")
+    if cfg.target.engine_kwargs and cfg.target.engine not in ("vllm", "sglang"):
+        p.append(f"'target.engine_kwargs' is set but target.engine is '{cfg.target.engine}', which takes none; "
+                 f"remove it or use vllm/sglang")
+    if cfg.target.engine == "remote" and not cfg.target.remote_urls:
+        p.append("'target.remote_urls' is empty but target.engine is 'remote'; list the serve-target URLs")
+    if cfg.target.prefetch_depth < 0 or cfg.target.remote_retries < 0 or cfg.target.remote_timeout_s <= 0:
+        p.append(f"'target.prefetch_depth' = {cfg.target.prefetch_depth}, 'target.remote_retries' = "
+                 f"{cfg.target.remote_retries}, 'target.remote_timeout_s' = {cfg.target.remote_timeout_s}: "
+                 f"expected >= 0, >= 0 and > 0")
     if len(cfg.train.betas) != 2:
         p.append(f"'train.betas' = {cfg.train.betas}: expected two numbers, e.g. [0.9, 0.95]")
     return p

@@ -92,7 +92,24 @@ class Engine(Protocol):
 # Dotted paths keep heavy engines lazy: importing this package never imports vllm or sglang.
 ENGINES: dict[str, str] = {
     "hf": "draftsmith.targets.hf:HFEngine",
+    "vllm": "draftsmith.targets.vllm:VLLMEngine",
+    "sglang": "draftsmith.targets.sglang:SGLangEngine",
+    "remote": "draftsmith.remote.client:RemoteEngine",
 }
+
+
+def check_engine(name: str) -> None:
+    """Fail fast (before data or the target loads) when engine ``name`` cannot run in this environment.
+
+    Imports only the draftsmith engine module (never vllm/sglang themselves) and calls its
+    ``check_available()``, which raises a one-line error naming the reason and the fix.
+    """
+    if name not in ENGINES:
+        raise ValueError(f"target.engine: unknown engine {name!r}; expected one of {sorted(ENGINES)}")
+    module = importlib.import_module(ENGINES[name].partition(":")[0])
+    check = getattr(module, "check_available", None)
+    if check is not None:
+        check()
 
 
 def open_engine(name: str, target: str, **kwargs: Any) -> Engine:

@@ -110,6 +110,19 @@ def shift_left(x: Tensor, n: int = 1, dim: int = 1) -> Tensor:
     return out
 
 
+def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: float) -> Tensor:
+    """Full-vocab logits from the pre-norm residual stream at layer id L (engines that only return states).
+
+    Llama/Qwen RMSNorm then the lm_head, in the same op order as transformers so fp32 matches bitwise:
+        x = h.float(); y = w * (x * rsqrt(mean(x^2, -1) + eps)).to(h.dtype); logits = y @ lm_head.T
+    h_last: (B, S, H), norm_weight: (H,), lm_head: (V, H) -> (B, S, V) in h_last's dtype.
+    """
+    x = h_last.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    y = norm_weight.to(h_last.dtype) * x.to(h_last.dtype)
+    return torch.nn.functional.linear(y, lm_head.to(h_last.dtype))
+
+
 @dataclass
 class Eagle3Supervision:
     """EAGLE-3 training inputs and targets for one batch (slot t predicts token_{t+2}).

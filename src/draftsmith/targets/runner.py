@@ -1,0 +1,212 @@
+"""A small runner protocol and the one adapter that turns any runner into an engine.
+
+Inference engines (vLLM, SGLang) differ only in how they build the model, choose which residual
+streams to capture, run a batch and read the embedding. A :class:`Runner` isolates exactly those
+calls; :class:`RunnerEngine` does everything else once, for every such engine:
+
+* layer-id validation and request order (runners capture a sorted set of ids),
+* per-row trimming of right padding (one prefill per real row) and re-padding to (B, S),
+* full-vocab logits rebuilt in-process from layer id L (pre-norm) with the target's final RMSNorm
+  and lm_head read straight from the checkpoint's safetensors (tied targets use ``embed_tokens``),
+* :class:`~draftsmith.targets.TargetInfo` from the checkpoint's ``config.json``.
+
+So an engine module is a thin adapter: it implements a runner and subclasses :class:`RunnerEngine`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Protocol, Sequence
+
+import torch
+from torch import Tensor
+
+from draftsmith.targets import Batch, Features, TargetInfo
+from draftsmith.targets.contract import TargetError, rebuild_logits, validate_layer_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Runner(Protocol):
+    """The engine-internal calls an inference engine must provide (nothing else is engine-specific).
+
+    ``set_capture_layers(ids)`` receives sorted, distinct vLLM-convention ids (may rebuild the model);
+    ``run(rows)`` takes one token list per row and returns, per row, a (T_row, n_ids, H) tensor of
+    the residual streams at those ids in that (sorted) order; ``close()`` frees the engine.
+    """
+
+    def set_capture_layers(self, layer_ids: Sequence[int]) -> None: ...
+
+    def run(self, rows: list[list[int]]) -> list[Tensor]: ...
+
+    def close(self) -> None: ...
+
+
+class CheckpointWeights:
+    """Reads single tensors (final norm, lm_head, embeddings) from a HF safetensors checkpoint.
+
+    Handles one ``model.safetensors`` or sharded checkpoints with ``model.safetensors.index.json``;
+    only the requested tensors are loaded (safetensors maps the file, so a 70B target costs V x H).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            self.where = {k: self.path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            files = sorted(self.path.glob("*.safetensors"))
+            if not files:
+                raise TargetError(
+                    f"target.path: no *.safetensors in {self.path}; this engine reads the final norm and "
+                    f"lm_head from safetensors, so re-save the target with save_pretrained(safe_serialization=True)"
+                )
+            from safetensors import safe_open
+
+            self.where = {}
+            for f in files:
+                with safe_open(str(f), framework="pt") as sf:
+                    self.where.update({k: f for k in sf.keys()})
+
+    def find(self, *suffixes: str) -> Optional[str]:
+        """The first key equal to or ending in ``.<suffix>`` (``model.norm.weight``, ``lm_head.weight``)."""
+        for s in suffixes:
+            for k in self.where:
+                if k == s or k.endswith("." + s):
+                    return k
+        return None
+
+    def get(self, key: str) -> Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self.where[key]), framework="pt") as sf:
+            return sf.get_tensor(key)
+
+
+def target_info(path: Path, dtype: str, tied: bool) -> TargetInfo:
+    """:class:`TargetInfo` from ``config.json`` (same fields the hf engine reports)."""
+    from transformers import AutoConfig
+
+    from draftsmith.targets.hf import _rope
+
+    cfg = AutoConfig.from_pretrained(path, local_files_only=True).get_text_config()
+    heads = int(cfg.num_attention_heads)
+    theta, scaling = _rope(cfg)
+    return TargetInfo(
+        num_layers=int(cfg.num_hidden_layers),
+        hidden_size=int(cfg.hidden_size),
+        vocab_size=int(cfg.vocab_size),
+        dtype=dtype,
+        model_type=str(cfg.model_type),
+        tied=tied,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or 1e-6),
+        rope_theta=theta,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+        rope_scaling=scaling,
+    )
+
+
+class RunnerEngine:
+    """An :class:`~draftsmith.targets.Engine` over any :class:`Runner` (subclasses set ``self.runner``).
+
+    ``path`` is a HF checkpoint directory, ``dtype`` the dtype the runner computes in. Features equal
+    the hf engine's: aux (B, S, n, H) in request order, logits (B, S, V) rebuilt from id L.
+    """
+
+    runner: Runner
+
+    def __init__(self, path: Path, dtype: str):
+        if dtype not in DTYPES:
+            raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        self.path, self.dtype = Path(path), dtype
+        self.weights = CheckpointWeights(self.path)
+        self._embed_key = self.weights.find("embed_tokens.weight", "wte.weight")
+        head_key = self.weights.find("lm_head.weight")
+        self._norm_key = self.weights.find("model.norm.weight", "norm.weight")
+        if self._embed_key is None or self._norm_key is None:
+            raise TargetError(
+                f"target.path: {self.path} has no embed_tokens/final norm weights in its safetensors; "
+                f"this engine supports Llama-style targets (model.embed_tokens, model.norm), use target.engine: hf"
+            )
+        self._head_key = head_key or self._embed_key  # tied targets store only embed_tokens
+        self._info = target_info(self.path, dtype, tied=head_key is None)
+        self._capture: Optional[list[int]] = None
+        self._cache: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------ weights
+    def _weight(self, key: str) -> Tensor:
+        if key not in self._cache:
+            self._cache[key] = self.weights.get(key).to(DTYPES[self.dtype])
+        return self._cache[key]
+
+    def info(self) -> TargetInfo:
+        return self._info
+
+    def embeddings(self) -> Tensor:
+        """(V, H) input embedding read from the checkpoint."""
+        return self._weight(self._embed_key)
+
+    def lm_head_weight(self) -> Tensor:
+        """(V, H) output projection (``embed_tokens`` when the target is tied)."""
+        return self._weight(self._head_key)
+
+    def final_norm_weight(self) -> Tensor:
+        """(H,) final RMSNorm weight (applied to layer id L before the lm_head)."""
+        return self._weight(self._norm_key)
+
+    # ------------------------------------------------------------------ features
+    def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features:
+        """One prefill per row; aux (B, S, n, H) in request order, logits (B, S, V) or None.
+
+        Pad positions (attention_mask 0, right padding) hold zeros: no prefill ran there. Their
+        logits are zero too, so softmax there is uniform; every supervision mask is 0 on them.
+        """
+        L = self._info.num_layers
+        ids = validate_layer_ids(layer_ids, L)
+        capture = sorted(set(ids) | ({L} if logits else set()))
+        if capture != self._capture:
+            self.runner.set_capture_layers(capture)
+            self._capture = capture
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        live = [b for b, n in enumerate(lengths) if n > 0]  # all-pad rows have nothing to prefill
+        rows = [batch.input_ids[b, : int(lengths[b])].tolist() for b in live]
+        states = self.runner.run(rows) if rows else []  # len(live) x (T_b, len(capture), H)
+        B, S = batch.input_ids.shape
+        H = self._info.hidden_size
+        full = torch.zeros(B, S, len(capture), H, dtype=DTYPES[self.dtype])
+        for b, h in zip(live, states):
+            n = lengths[b]
+            if h.shape[0] != n or h.shape[1:] != (len(capture), H):
+                raise TargetError(
+                    f"target.engine: row {b} came back as {tuple(h.shape)}, expected ({n}, {len(capture)}, {H}); "
+                    f"the engine's capture output does not match its request (version mismatch?)"
+                )
+            full[b, :n] = h.to(full.dtype)
+        pick = torch.tensor([capture.index(i) for i in ids])
+        aux = full.index_select(2, pick)  # (B, S, |capture|, H) -> (B, S, n, H) in request order
+        out_logits = None
+        if logits:
+            h_last = full[:, :, capture.index(L)]  # (B, S, H) pre-norm residual stream at id L
+            out_logits = rebuild_logits(h_last, self.final_norm_weight(), self.lm_head_weight(),
+                                        self._info.rms_norm_eps)
+            out_logits[batch.attention_mask == 0] = 0
+        return Features(aux_hidden=aux, logits=out_logits)
+
+    def close(self) -> None:
+        """Stop the runner; the engine is unusable afterwards."""
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
+            self.runner = None  # type: ignore[assignment]
+        self._cache.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,23 @@
+"""Importing draftsmith (and its trainer and engine modules) never imports vllm or sglang."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).parents[2] / "src"
+
+
+def test_import_draftsmith_does_not_import_vllm_or_sglang():
+    code = (
+        "import sys\n"
+        "import draftsmith, draftsmith.train, draftsmith.train.loop, draftsmith.config\n"
+        "import draftsmith.targets, draftsmith.targets.runner, draftsmith.targets.vllm, draftsmith.targets.sglang\n"
+        "from draftsmith.targets import ENGINES\n"
+        "assert {'hf', 'vllm', 'sglang'} <= set(ENGINES)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang'))\n"
+        "print('HEAVY', bad)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stdout, proc.stdout
