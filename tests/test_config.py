@@ -76,6 +76,6 @@ def test_dump_round_trip():
     assert build_config(yaml.safe_load(dump_config(cfg))) == cfg
 
 
-@pytest.mark.parametrize("name", ["smoke.yaml", "smollm2_eagle3.yaml"])
+@pytest.mark.parametrize("name", ["smoke.yaml", "smollm2_eagle3.yaml", "remote_target.yaml"])
 def test_examples_are_valid(name):
     load_config(EXAMPLES / name)

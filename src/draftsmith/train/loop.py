@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -21,8 +21,8 @@ from draftsmith.data.dataset import Example, build_examples, collate, epoch_orde
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
-from draftsmith.targets import TargetInfo, open_engine
-from draftsmith.targets.contract import default_aux_layer_ids, eagle3_supervision, validate_layer_ids
+from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
+from draftsmith.targets.contract import Eagle3Supervision, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
 from draftsmith.train import checkpoint as ckpt
 
 
@@ -76,6 +76,14 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_aux: int)
     )
 
 
+def remote_options(cfg: RunConfig) -> dict:
+    """Keyword arguments of the remote engine (draftsmith.remote.client.RemoteEngine) from target.*."""
+    t = cfg.target
+    return {"urls": t.remote_urls, "prefetch_depth": t.prefetch_depth, "timeout_s": t.remote_timeout_s,
+            "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
+            "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file}
+
+
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
@@ -97,11 +105,14 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         resume_dir = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(resume_dir) if resume_dir else None  # fail before heavy work
+        check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
         for spec in cfg.data.sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
 
-        target_path = resolve_target(cfg.target.path)
-        self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype)
+        target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
+        self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype,
+                                  **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
+                                  **(remote_options(cfg) if cfg.target.engine == "remote" else {}))
         self.info = self.engine.info()
         L = self.info.num_layers
         self.aux_ids = validate_layer_ids(cfg.target.aux_layer_ids or default_aux_layer_ids(L), L)
@@ -127,6 +138,8 @@ class Trainer:
         else:
             self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
         self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
+        if hasattr(self.engine, "set_vocab_map"):  # remote: servers compute draft-vocab probs (on start and resume)
+            self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
 
         self.draft = build_draft(cfg, self.info, self.vocab, len(self.aux_ids))
         self.draft.load_target_embeddings(self.engine.embeddings(), freeze=cfg.draft.freeze_embeddings)
@@ -161,28 +174,45 @@ class Trainer:
             self.writer = SummaryWriter(str(self.out / "tensorboard"))
 
     # ------------------------------------------------------------------ one micro-batch
-    def forward(self, examples: list[Example]):
-        """Features from the target -> EAGLE-3 supervision -> draft TTT forward."""
-        batch = collate(examples, self.pad_id)
-        feats = self.engine.features(batch, self.aux_ids, logits=True)
-        sup = eagle3_supervision(batch, feats, self.vocab.draft_ids if self.pruned else None)
+    def supervise(self, micro: Iterable[list[Example]]) -> Iterator[tuple[Batch, Eagle3Supervision]]:
+        """(batch, EAGLE-3 supervision) per micro-batch, in order.
+
+        A remote engine computes supervision server-side with prefetch_depth requests in flight
+        (full-vocab logits never cross the wire); co-located engines run features + contract here.
+        """
+        batches = (collate(examples, self.pad_id) for examples in micro)
+        if hasattr(self.engine, "eagle3_stream"):
+            return self.engine.eagle3_stream(batches, self.aux_ids)
+        draft_ids = self.vocab.draft_ids if self.pruned else None
+        return ((b, eagle3_supervision(b, self.engine.features(b, self.aux_ids, logits=True), draft_ids))
+                for b in batches)
+
+    def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Eagle3Supervision]] = None):
+        """Features from the target -> EAGLE-3 supervision -> draft TTT forward.
+
+        ``supervised`` is the (batch, supervision) pair :meth:`supervise` made for ``examples``
+        (computed here when None).
+        """
+        batch, sup = supervised if supervised is not None else next(iter(self.supervise([examples])))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16):
             out = self.draft(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
         return out, int(batch.attention_mask.sum())
 
-    def train_window(self, window: list[list[Example]]) -> dict:
+    def train_window(self, window: list[list[Example]],
+                     sups: Optional[Iterator[tuple[Batch, Eagle3Supervision]]] = None) -> dict:
         """One optimizer step over ``window`` (up to grad_accum micro-batches).
 
         Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
         than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
-        single batch holding its rows, not under-weighted by 1/grad_accum.
+        single batch holding its rows, not under-weighted by 1/grad_accum. ``sups`` yields the
+        window's (batch, supervision) pairs in order (from :meth:`supervise`).
         """
         t = self.cfg.train
         self.draft.train()
         loss, tokens, correct0, count0 = 0.0, 0, 0, 0
         prefix = counts = None
         for examples in window:
-            out, n_tok = self.forward(examples)
+            out, n_tok = self.forward(examples, next(sups) if sups is not None else None)
             (out.loss / len(window)).backward()
             tokens += n_tok
             loss += float(out.loss.detach()) / len(window)
@@ -209,11 +239,12 @@ class Trainer:
         stop = self.step >= self.total_steps
         while self.epoch < t.epochs and not stop:
             mbs = micro_batches(epoch_order(len(self.train_set), self.epoch, t.seed), t.batch_size)
+            sups = self.supervise([self.train_set[i] for i in idx] for idx in mbs[self.batch_pos :])
             while self.batch_pos < len(mbs) and not stop:
                 # A window of grad_accum micro-batches; the trailing partial window is flushed
                 # with each micro-batch weighted 1/len(window), so it equals one batch of its rows.
                 window = mbs[self.batch_pos : self.batch_pos + t.grad_accum]
-                stats = self.train_window([[self.train_set[i] for i in idx] for idx in window])
+                stats = self.train_window([[self.train_set[i] for i in idx] for idx in window], sups)
                 tokens += stats["tokens"]
                 loss_sum, acc0 = stats["loss"], stats["acc0"]
                 tau = float(simulated_tau(stats["prefix_correct"], stats["step_count"]))
@@ -240,6 +271,7 @@ class Trainer:
                     from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
 
                     trainer_spec_eval(self, simulated=tau)
+            sups.close()  # an early stop abandons prefetched requests
             if self.batch_pos >= len(mbs):
                 self.epoch, self.batch_pos = self.epoch + 1, 0
         bar.close()
@@ -267,10 +299,10 @@ class Trainer:
         K = self.cfg.draft.ttt_steps
         correct, prefix, count = torch.zeros(K), torch.zeros(K), torch.zeros(K)
         loss_sum, n = 0.0, 0
-        for b, start in enumerate(range(0, len(self.eval_set), t.batch_size)):
-            if t.eval_max_batches is not None and b >= t.eval_max_batches:
-                break
-            out, _ = self.forward(self.eval_set[start : start + t.batch_size])
+        starts = list(range(0, len(self.eval_set), t.batch_size))[: t.eval_max_batches]
+        micro = [self.eval_set[start : start + t.batch_size] for start in starts]
+        for examples, supervised in zip(micro, self.supervise(micro)):
+            out, _ = self.forward(examples, supervised)
             correct += out.step_correct.float()
             prefix += out.prefix_correct.float()
             count += out.step_count.float()

@@ -1,0 +1,308 @@
+"""`draftsmith serve-target`: run the target in its own process and serve features over HTTP.
+
+Control plane: HTTP/1.1 keep-alive, JSON for small answers, :mod:`draftsmith.remote.wire` frames
+for tensors. Endpoints:
+
+    GET  /health      {"ok", "features_served", "vocab_maps", "disconnects"}
+    GET  /info        TargetInfo fields + aux_layer_ids, engine, cuda, frame limits
+    GET  /embeddings  frame: embeddings (V, H) [+ lm_head (V, H) when untied, final_norm (H,)]
+    POST /vocab-map   frame: draft_ids (Vd,) int64, or meta {"full_vocab": true} -> {"vocab_id"}
+    POST /features    frame: input_ids, attention_mask, loss_mask (B, S) int64;
+                      meta {"mode": "eagle3", "vocab_id", "layer_ids"} -> EAGLE-3 supervision
+                      (aux_hidden, input_ids, loss_mask, target_probs, position_mask), computed here so
+                      full-vocab logits never cross the wire; or meta {"mode": "features", "logits"}.
+    POST /disconnect  {"ok": true}
+
+Rules: ``/features`` runs under one lock (the engine is not re-entrant and a second forward would only
+compete for the same cores); a ``vocab_id`` this process has not seen is a 409 (push ``/vocab-map``
+first: a restarted server forgets maps); Content-Length is checked before the body is read
+(missing -> 411, over the limit -> 413 and the connection is closed unread); every malformed frame
+is a 400 and the server stays up. Loopback bind by default; a non-loopback bind needs a bearer token
+(or an explicit ``--insecure``); with a token, requests without ``Authorization: Bearer`` get 401.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+import sys
+import threading
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from draftsmith.remote import wire
+from draftsmith.targets import Batch
+from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
+
+
+class ServeTargetError(TargetError):
+    """`serve-target` was started with settings that are unsafe or inconsistent."""
+
+
+MAX_VOCAB_MAPS = 8  # distinct draft vocabularies kept per server (one per concurrent run, in practice)
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` resolves to a loopback address (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except (OSError, ValueError):
+        return False
+
+
+def check_bind(host: str, token: Optional[str], insecure: bool) -> None:
+    """Refuse a non-loopback bind without a token unless ``insecure`` says it is deliberate."""
+    if not is_loopback(host) and not token and not insecure:
+        raise ServeTargetError(
+            f"serve-target --host {host}: binding beyond loopback without --auth-token-file exposes the target "
+            f"to the network; pass --auth-token-file F (recommended) or --insecure")
+
+
+class TargetService:
+    """The engine plus the per-server state the endpoints share (thread-safe)."""
+
+    def __init__(self, engine, engine_name: str, aux_layer_ids=None, limits: wire.Limits = wire.Limits()):
+        self.engine, self.engine_name, self.limits = engine, engine_name, limits
+        self.info = engine.info()
+        L = self.info.num_layers
+        self.aux_ids = validate_layer_ids(aux_layer_ids or default_aux_layer_ids(L), L, key="--aux-layer-ids")
+        self.lock = threading.Lock()  # serialises /features (and vocab-map bookkeeping)
+        self.vocab_maps: "OrderedDict[str, Optional[torch.Tensor]]" = OrderedDict()
+        self.stats = {"features_served": 0, "disconnects": 0}
+        self.stats_lock = threading.Lock()
+
+    def info_dict(self) -> dict:
+        return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "engine": self.engine_name,
+                "cuda": torch.cuda.is_available(), "wire_version": wire.VERSION,
+                "max_body": self.limits.max_body, "max_elements": self.limits.max_elements}
+
+    def embeddings_frame(self) -> bytes:
+        emb = self.engine.embeddings()
+        tensors = {"embeddings": emb}
+        if hasattr(self.engine, "lm_head_weight"):
+            head = self.engine.lm_head_weight()
+            if head.data_ptr() != emb.data_ptr():  # tied targets send the matrix once
+                tensors["lm_head"] = head
+            tensors["final_norm"] = self.engine.final_norm_weight()
+        return wire.encode(tensors, {"tied": bool(self.info.tied), "has_head": "final_norm" in tensors})
+
+    def push_vocab_map(self, frame: wire.Frame) -> dict:
+        V = self.info.vocab_size
+        if frame.meta.get("full_vocab") is True and not frame.tensors:
+            ids, key = None, "full"
+        else:
+            ids = frame.tensors.get("draft_ids")
+            if ids is None or set(frame.tensors) != {"draft_ids"} or ids.dtype != torch.int64 or ids.dim() != 1:
+                raise wire.FrameError("vocab-map: expected one tensor 'draft_ids' (Vd,) int64 or meta full_vocab")
+            if ids.numel() < 1 or int(ids.min()) < 0 or int(ids.max()) >= V or ids.unique().numel() != ids.numel():
+                raise wire.FrameError(f"vocab-map: draft_ids must be distinct ids in 0..{V - 1}", 422)
+            ids = ids.clone()  # the frame's buffer belongs to the request
+            key = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+        with self.lock:
+            self.vocab_maps[key] = ids
+            self.vocab_maps.move_to_end(key)
+            while len(self.vocab_maps) > MAX_VOCAB_MAPS:
+                self.vocab_maps.popitem(last=False)
+        return {"vocab_id": key, "draft_vocab_size": V if ids is None else int(ids.numel())}
+
+    def features_frame(self, frame: wire.Frame) -> bytes:
+        meta, t = frame.meta, frame.tensors
+        if set(t) != {"input_ids", "attention_mask", "loss_mask"}:
+            raise wire.FrameError("features: expected tensors input_ids, attention_mask, loss_mask")
+        ids = t["input_ids"]
+        if ids.dim() != 2 or any(x.shape != ids.shape or x.dtype != torch.int64 for x in t.values()):
+            raise wire.FrameError("features: input_ids, attention_mask, loss_mask must be (B, S) int64 of one shape", 422)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.info.vocab_size):
+            raise wire.FrameError(f"features: input_ids must lie in 0..{self.info.vocab_size - 1}", 422)
+        if ids.shape[1] > self.info.max_position_embeddings:
+            raise wire.FrameError(f"features: sequence length {ids.shape[1]} exceeds the target's "
+                                  f"max_position_embeddings {self.info.max_position_embeddings}", 422)
+        if any(bool(((m != 0) & (m != 1)).any()) for m in (t["attention_mask"], t["loss_mask"])):
+            raise wire.FrameError("features: attention_mask and loss_mask must hold only 0/1", 422)
+        layer_ids = meta.get("layer_ids", self.aux_ids)
+        if not isinstance(layer_ids, list):
+            raise wire.FrameError("features: meta.layer_ids must be a list of ints", 422)
+        mode = meta.get("mode")
+        batch = Batch(ids, t["attention_mask"], t["loss_mask"])
+        if mode == "eagle3":
+            vid = meta.get("vocab_id")
+            with self.lock:
+                if not isinstance(vid, str) or vid not in self.vocab_maps:
+                    raise wire.FrameError(f"features: vocab_id {str(vid)[:32]!r} is unknown here; POST /vocab-map first", 409)
+                draft_ids = self.vocab_maps[vid]
+                feats = self.engine.features(batch, layer_ids, logits=True)
+                sup = eagle3_supervision(batch, feats, draft_ids)
+                self.stats["features_served"] += 1
+            return wire.encode({"aux_hidden": sup.aux_hidden, "input_ids": sup.input_ids, "loss_mask": sup.loss_mask,
+                                "target_probs": sup.target_probs, "position_mask": sup.position_mask})
+        if mode == "features":
+            with self.lock:
+                feats = self.engine.features(batch, layer_ids, logits=bool(meta.get("logits")))
+                self.stats["features_served"] += 1
+            out = {"aux_hidden": feats.aux_hidden}
+            if feats.logits is not None:
+                out["logits"] = feats.logits
+            return wire.encode(out)
+        raise wire.FrameError(f"features: meta.mode {str(mode)[:32]!r} must be 'eagle3' or 'features'", 422)
+
+
+def make_handler(service: TargetService, token: Optional[str]):
+    """A request handler class bound to ``service`` (http.server wants a class, not an instance)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: every response carries Content-Length
+        server_version = "draftsmith-serve-target"
+
+        def log_message(self, fmt, *args):  # quiet: a trainer sends thousands of requests
+            pass
+
+        def setup(self):
+            super().setup()
+            # Headers and body go out in separate writes: without TCP_NODELAY, Nagle + delayed ACK
+            # add ~40 ms to every keep-alive round trip.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json", close: bool = False) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, obj: dict, close: bool = False) -> None:
+            self._send(status, json.dumps(obj).encode(), close=close)
+
+        def _authorised(self) -> bool:
+            if not token:
+                return True
+            got = self.headers.get("Authorization", "")
+            if got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode()):
+                return True
+            self._json(401, {"error": "missing or wrong Authorization: Bearer token"}, close=True)
+            return False
+
+        def do_GET(self):
+            if not self._authorised():
+                return
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                self._json(200, {"ok": True, **service.stats, "vocab_maps": len(service.vocab_maps)})
+            elif path == "/info":
+                self._json(200, service.info_dict())
+            elif path == "/embeddings":
+                self._send(200, service.embeddings_frame(), "application/octet-stream")
+            else:
+                self._json(404, {"error": f"no endpoint GET {path[:64]}"})
+
+        def do_POST(self):
+            if not self._authorised():
+                return
+            path = self.path.split("?", 1)[0]
+            if path not in ("/vocab-map", "/features", "/disconnect"):
+                return self._json(404, {"error": f"no endpoint POST {path[:64]}"}, close=True)
+            length = self.headers.get("Content-Length")
+            if length is None or not length.strip().isdigit():
+                return self._json(411, {"error": "Content-Length (a decimal byte count) is required"}, close=True)
+            n = int(length)
+            if n > service.limits.max_body:  # refuse before reading a byte of it
+                return self._json(413, {"error": f"body of {n} bytes exceeds the limit {service.limits.max_body}"},
+                                  close=True)
+            body = bytearray(n)
+            view, got = memoryview(body), 0
+            while got < n:
+                k = self.rfile.readinto(view[got:])
+                if not k:
+                    return self._json(400, {"error": f"body ended after {got} of {n} bytes"}, close=True)
+                got += k
+            try:
+                if path == "/disconnect":
+                    with service.stats_lock:  # not the features lock: a long forward must not delay a goodbye
+                        service.stats["disconnects"] += 1
+                    return self._json(200, {"ok": True})
+                frame = wire.decode(body, service.limits)
+                if path == "/vocab-map":
+                    return self._json(200, service.push_vocab_map(frame))
+                return self._send(200, service.features_frame(frame), "application/octet-stream")
+            except wire.FrameError as e:
+                return self._json(e.status, {"error": str(e)})
+            except TargetError as e:  # e.g. a layer id out of range: the request, not the server, is wrong
+                return self._json(422, {"error": str(e)})
+            except Exception as e:  # an engine failure: answer instead of dropping the connection
+                return self._json(500, {"error": f"{e.__class__.__name__}: {str(e)[:200]}"})
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a hung client connection never blocks shutdown
+
+    def handle_error(self, request, client_address):
+        # A client that timed out or died mid-answer is the client's problem (it retries elsewhere).
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
+def build_server(service: TargetService, host: str, port: int, token: Optional[str] = None,
+                 insecure: bool = False) -> ThreadingHTTPServer:
+    """Bind (after the bind rule) and return the server; call ``serve_forever()`` on it."""
+    check_bind(host, token, insecure)
+    return _Server((host, port), make_handler(service, token))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `draftsmith serve-target`; prints `READY host:port` once it accepts requests."""
+    token = None
+    if args.auth_token_file:
+        path = Path(args.auth_token_file)
+        if not path.is_file():
+            raise ServeTargetError(f"--auth-token-file: '{path}' does not exist; write the token into it")
+        token = path.read_text().strip()
+        if not token:
+            raise ServeTargetError(f"--auth-token-file: '{path}' is empty; write a non-empty token into it")
+    check_bind(args.host, token, args.insecure)  # before loading a (possibly huge) target
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    from draftsmith.targets import open_engine
+
+    engine = open_engine(args.engine, args.target, dtype=args.dtype)
+    limits = wire.Limits(max_body=args.max_body_mb << 20)
+    server = build_server(TargetService(engine, args.engine, args.aux_layer_ids, limits), args.host, args.port,
+                          token, args.insecure)
+    host, port = server.server_address[:2]
+    print(f"READY {host}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        engine.close()
+    return 0
+
+
+def main(argv=None) -> int:
+    from draftsmith.remote.cli import add_arguments
+
+    p = argparse.ArgumentParser(prog="python -m draftsmith.remote.server", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    try:
+        return run(p.parse_args(argv))
+    except TargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

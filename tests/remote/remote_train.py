@@ -1,0 +1,41 @@
+"""A tiny training setup shared by the remote parity and fault tests."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.config import build_config
+from remote_helpers import AUX
+
+WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
+
+
+def write_chats(path, n=16):
+    rows = []
+    for i in range(n):
+        a, b = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
+        rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}."},
+                                  {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy."}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def train_config(target, data, out, engine="hf", urls=(), **target_extra):
+    train = target_extra.pop("train", {})
+    return build_config({
+        "target": {"path": str(target), "aux_layer_ids": AUX, "engine": engine, "remote_urls": list(urls),
+                   **target_extra},
+        "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2, "draft_vocab_size": 64},
+        "draft": {"ttt_steps": 2},
+        "train": {"epochs": 1, "batch_size": 2, "lr": 3e-3, "max_steps": 6, "eval_max_batches": 1, **train},
+        "output": {"dir": str(out), "tensorboard": False},
+    })
+
+
+def final_weights(result) -> dict:
+    return load_file(str(result.checkpoint / "model" / "consolidated" / "model.safetensors"))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,85 @@
+"""Remote vs co-located on CPU fp32: supervision bitwise equal (1 and 2 servers, prefetch 0/1/2) and
+a training run through the remote engine ends with the same weights as a co-located one."""
+
+import pytest
+import torch
+
+from draftsmith.remote.client import RemoteEngine
+from draftsmith.targets import Batch
+from draftsmith.targets.contract import eagle3_supervision
+from draftsmith.targets.hf import HFEngine
+from draftsmith.train.loop import train
+from fixtures import make_tiny_llama, make_tokenizer
+from remote_helpers import AUX, start_servers
+from remote_train import final_weights, same_weights, train_config, write_chats
+
+FIELDS = ("aux_hidden", "input_ids", "loss_mask", "target_probs", "position_mask")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    target = make_tiny_llama(root / "target", make_tokenizer("chatml"))
+    servers = []
+    try:
+        servers = start_servers(target, 2, ["--num-threads", "1"])
+        yield target, write_chats(root / "chats.jsonl"), servers
+    finally:
+        for s in servers:
+            s.kill()
+
+
+def batches(n=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        S = 6 + 3 * i
+        ids = torch.randint(0, 384, (2, S), generator=g)
+        am = torch.ones_like(ids)
+        am[1, S - 2 :] = 0  # right padding on the second row
+        out.append(Batch(ids, am, (torch.rand(2, S, generator=g) > 0.4).long() * am))
+    return out
+
+
+@pytest.mark.parametrize("n_servers", [1, 2])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_supervision_bitwise_equal_to_co_located(setup, n_servers, prefetch):
+    target, _, servers = setup
+    hf = HFEngine(target)
+    draft_ids = torch.tensor(sorted(set(range(0, 384, 5)) | {7, 11}))
+    bs = batches()
+    with RemoteEngine(str(target), urls=[s.url for s in servers[:n_servers]], prefetch_depth=prefetch) as eng:
+        eng.set_vocab_map(draft_ids)
+        got = list(eng.eagle3_stream(iter(bs), AUX))
+    assert len(got) == len(bs)
+    for b, (rb, sup) in zip(bs, got):
+        assert rb is b  # order kept
+        ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), draft_ids)
+        for f in FIELDS:
+            assert getattr(sup, f).dtype == getattr(ref, f).dtype and torch.equal(getattr(sup, f), getattr(ref, f)), f
+
+
+@pytest.mark.slow
+def test_training_through_remote_matches_co_located(setup, tmp_path):
+    target, data, servers = setup
+    before = [s.get("/health") for s in servers]
+    ref = train(train_config(target, data, tmp_path / "co"), progress=False)
+    res = train(train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers], prefetch_depth=2),
+                progress=False)
+    assert res.step == ref.step == 6 and res.history == ref.history
+    assert same_weights(final_weights(res), final_weights(ref))
+    after = [s.get("/health") for s in servers]
+    assert all(a["features_served"] > b["features_served"] for a, b in zip(after, before))  # both used
+    assert all(a["disconnects"] == b["disconnects"] + 1 for a, b in zip(after, before))  # /disconnect on exit
+
+
+def test_raw_features_and_weights_equal_co_located(setup):
+    target, _, servers = setup
+    hf, b = HFEngine(target), batches(1)[0]
+    with RemoteEngine(str(target), urls=[servers[0].url]) as eng:
+        got, ref = eng.features(b, [0, 6], logits=True), hf.features(b, [0, 6], logits=True)
+        assert torch.equal(got.aux_hidden, ref.aux_hidden) and torch.equal(got.logits, ref.logits)
+        assert eng.features(b, [2], logits=False).logits is None
+        assert eng.info() == hf.info()
+        assert torch.equal(eng.embeddings(), hf.embeddings()) and torch.equal(eng.lm_head_weight(), hf.lm_head_weight())
+        assert torch.equal(eng.final_norm_weight(), hf.final_norm_weight())
