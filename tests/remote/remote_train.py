@@ -1,12 +1,14 @@
 """A tiny training setup shared by the remote parity and fault tests."""
 
 import json
+from contextlib import contextmanager
 
 import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import build_config
-from remote_helpers import AUX
+from fixtures import make_tiny_llama, make_tokenizer
+from remote_helpers import AUX, start_servers
 
 WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
 
@@ -19,6 +21,19 @@ def write_chats(path, n=16):
                                   {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy."}]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@contextmanager
+def tiny_target_and_servers(root, n=2):
+    """A tiny target, its chat data and ``n`` serve-target processes (1 thread each); always killed."""
+    target = make_tiny_llama(root / "target", make_tokenizer("chatml"))
+    servers = []
+    try:
+        servers = start_servers(target, n, ["--num-threads", "1"])
+        yield target, write_chats(root / "chats.jsonl"), servers
+    finally:
+        for s in servers:
+            s.kill()
 
 
 def train_config(target, data, out, engine="hf", urls=(), **target_extra):

@@ -12,23 +12,15 @@ from draftsmith.targets.contract import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.checkpoint import latest_checkpoint, load_checkpoint
 from draftsmith.train.loop import train
-from fixtures import make_tiny_llama, make_tokenizer
-from remote_helpers import AUX, start_servers
-from remote_train import final_weights, same_weights, train_config, write_chats
+from remote_helpers import AUX
+from remote_train import final_weights, same_weights, tiny_target_and_servers, train_config
 from test_remote_parity import FIELDS, batches
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    target = make_tiny_llama(root / "target", make_tokenizer("chatml"))
-    servers = []
-    try:
-        servers = start_servers(target, 2, ["--num-threads", "1"])
-        yield target, write_chats(root / "chats.jsonl"), servers
-    finally:
-        for s in servers:
-            s.kill()
+    with tiny_target_and_servers(tmp_path_factory.mktemp("faults")) as got:
+        yield got
 
 
 def up(servers):

@@ -9,24 +9,16 @@ from draftsmith.targets import Batch
 from draftsmith.targets.contract import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
-from fixtures import make_tiny_llama, make_tokenizer
-from remote_helpers import AUX, start_servers
-from remote_train import final_weights, same_weights, train_config, write_chats
+from remote_helpers import AUX
+from remote_train import final_weights, same_weights, tiny_target_and_servers, train_config
 
 FIELDS = ("aux_hidden", "input_ids", "loss_mask", "target_probs", "position_mask")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("parity")
-    target = make_tiny_llama(root / "target", make_tokenizer("chatml"))
-    servers = []
-    try:
-        servers = start_servers(target, 2, ["--num-threads", "1"])
-        yield target, write_chats(root / "chats.jsonl"), servers
-    finally:
-        for s in servers:
-            s.kill()
+    with tiny_target_and_servers(tmp_path_factory.mktemp("parity")) as got:
+        yield got
 
 
 def batches(n=5, seed=0):
