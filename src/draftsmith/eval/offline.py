@@ -140,18 +140,13 @@ class Eagle3Proposer:
 def resolve_draft_dir(path: str | Path) -> Path:
     """A run dir, ``checkpoints/`` root, checkpoint dir, ``model/``, ``model/consolidated/`` or a
     vLLM export dir -> the directory holding ``config.json`` + ``model.safetensors``."""
-    from draftsmith.train.checkpoint import MODEL_SUBDIR, latest_checkpoint
+    from draftsmith.serve.resolve import SAFETENSORS, candidates  # the same places `serve` looks
 
     p = Path(path)
     if not p.exists():
         raise EvalError(f"--draft: '{p}' does not exist; pass a run dir, a checkpoint dir or a consolidated draft dir")
-    for root in (p, p / "checkpoints"):
-        latest = latest_checkpoint(root)
-        if latest is not None:
-            p = latest
-            break
-    for c in (p, p / MODEL_SUBDIR, p / "consolidated"):
-        if (c / "config.json").is_file() and (c / "model.safetensors").is_file():
+    for c in candidates(p):
+        if (c / "config.json").is_file() and (c / SAFETENSORS).is_file():
             return c
     raise EvalError(f"--draft: no config.json + model.safetensors in '{p}' (or its model/consolidated/); "
                     "pass a draftsmith checkpoint or an exported draft dir")
