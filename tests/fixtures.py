@@ -111,13 +111,21 @@ def make_tiny_llama(path: str | Path, tokenizer=None, *, num_layers: int = 6, hi
     torch.manual_seed(seed)
     cfg = tiny_llama_config(len(tokenizer), num_layers=num_layers, hidden=hidden, tied=tied)
     cfg.eos_token_id = tokenizer.eos_token_id
-    model = LlamaForCausalLM(cfg).eval()
-    # Larger-than-default init so the random target has peaked, position-dependent predictions
-    # (a flat target gives a draft nothing to learn in a few steps).
+    return save_peaked(LlamaForCausalLM(cfg).eval(), tokenizer, path)
+
+
+def save_peaked(model, tokenizer, path: str | Path) -> Path:
+    """Re-initialise a random tiny model's matrices wider than the default, save it with its tokenizer.
+
+    Larger-than-default init gives the random target peaked, position-dependent predictions
+    (a flat target gives a draft nothing to learn in a few steps).
+    """
+    import torch
+
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    return path
+    return Path(path)

@@ -28,14 +28,9 @@ def make_tiny_qwen3(path: Path, tok) -> Path:
                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
                       rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, bos_token_id=None,
                       eos_token_id=tok.eos_token_id)
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    from fixtures import save_peaked
+
+    return save_peaked(Qwen3ForCausalLM(cfg).eval(), tok, path)
 
 
 def batch_for(vocab: int):
