@@ -53,6 +53,7 @@ def cmd_target(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from draftsmith import __version__
+    from draftsmith.config import CHOICES  # --engine accepts exactly what target.engine does
 
     p = argparse.ArgumentParser(prog="draftsmith", description="Train speculative-decoding drafts and serve them.")
     p.add_argument("--version", action="version", version=f"draftsmith {__version__}")
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     t.add_argument("--resume", nargs="?", const="__output__", default=None, metavar="CKPT",
                    help="resume from CKPT (a checkpoint dir or run dir); bare --resume uses LATEST under output.dir")
-    t.add_argument("--engine", choices=["hf", "vllm", "sglang", "remote"], default=None,
+    t.add_argument("--engine", choices=CHOICES["target.engine"], default=None,
                    help="how the target runs (overrides target.engine)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
