@@ -25,6 +25,28 @@ from draftsmith.targets.contract import TargetError, validate_layer_ids
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def info_from_config(cfg, *, dtype: str, tied: bool, vocab_size: Optional[int] = None) -> TargetInfo:
+    """:class:`TargetInfo` from a HF (text) config; ``vocab_size`` defaults to the config's."""
+    heads = int(cfg.num_attention_heads)
+    rope_theta, rope_scaling = _rope(cfg)
+    return TargetInfo(
+        num_layers=int(cfg.num_hidden_layers),
+        hidden_size=int(cfg.hidden_size),
+        vocab_size=int(vocab_size if vocab_size is not None else cfg.vocab_size),
+        dtype=dtype,
+        model_type=str(cfg.model_type),
+        tied=tied,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+        rope_scaling=rope_scaling,
+    )
+
+
 class HFEngine:
     """A frozen HF causal LM behind the :class:`~draftsmith.targets.Engine` contract.
 
@@ -55,26 +77,9 @@ class HFEngine:
     # ------------------------------------------------------------------ static facts
     def info(self) -> TargetInfo:
         """Architecture facts read from the loaded config and weights."""
-        cfg = self.model.config.get_text_config()
-        embed = self.model.get_input_embeddings().weight
-        heads = int(cfg.num_attention_heads)
-        rope_theta, rope_scaling = _rope(cfg)
-        return TargetInfo(
-            num_layers=self._num_layers,
-            hidden_size=int(cfg.hidden_size),
-            vocab_size=int(embed.shape[0]),
-            dtype=self.dtype,
-            model_type=str(cfg.model_type),
-            tied=self._tied(),
-            num_attention_heads=heads,
-            num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
-            head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-            intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
-            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
-            rope_scaling=rope_scaling,
-        )
+        rows = int(self.model.get_input_embeddings().weight.shape[0])  # may exceed the config's vocab
+        return info_from_config(self.model.config.get_text_config(), dtype=self.dtype, tied=self._tied(),
+                                vocab_size=rows)
 
     def _tied(self) -> bool:
         # Ask the weights, not the config: the tie is what drafts that share the lm_head rely on.

@@ -88,27 +88,10 @@ def target_info(path: Path, dtype: str, tied: bool) -> TargetInfo:
     """:class:`TargetInfo` from ``config.json`` (same fields the hf engine reports)."""
     from transformers import AutoConfig
 
-    from draftsmith.targets.hf import _rope
+    from draftsmith.targets.hf import info_from_config
 
-    cfg = AutoConfig.from_pretrained(path, local_files_only=True).get_text_config()
-    heads = int(cfg.num_attention_heads)
-    theta, scaling = _rope(cfg)
-    return TargetInfo(
-        num_layers=int(cfg.num_hidden_layers),
-        hidden_size=int(cfg.hidden_size),
-        vocab_size=int(cfg.vocab_size),
-        dtype=dtype,
-        model_type=str(cfg.model_type),
-        tied=tied,
-        num_attention_heads=heads,
-        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
-        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or 1e-6),
-        rope_theta=theta,
-        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
-        rope_scaling=scaling,
-    )
+    return info_from_config(AutoConfig.from_pretrained(path, local_files_only=True).get_text_config(),
+                            dtype=dtype, tied=tied)
 
 
 class RunnerEngine:
