@@ -70,7 +70,7 @@ def extend(
     hidden (B, T, H): the slot's draft state (``draft.combine(aux)`` for target slots, the previous
     step's :func:`next_hidden` for chain slots); token_ids (B, T) target-vocab ids; positions (B, T)
     int64 RoPE positions. Query i attends to the S cached slots and new slots 0..i (causal).
-    Returns ``Eagle3Step(hidden=h_pre (B, T, H), logits=(B, T, Vd) fp32)``.
+    Returns ``Eagle3Step(hidden=h_pre (B, T, H), logits=(B, T, Vd) fp32, normed=norm(h_pre))``.
     """
     cfg, layer = draft.cfg, draft.model.layers[0]
     b, t = token_ids.shape
@@ -87,9 +87,12 @@ def extend(
     visible = torch.arange(past + t, device=q.device)[None, :] <= (past + torch.arange(t, device=q.device))[:, None]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(values.dtype)
     h_pre = layer.finish(probs @ values, residual=hidden)  # (B, h, T, d) -> (B, T, H)
-    return Eagle3Step(hidden=h_pre, logits=draft.compute_logits(draft.model.norm(h_pre)))
+    normed = draft.model.norm(h_pre)
+    return Eagle3Step(hidden=h_pre, logits=draft.compute_logits(normed), normed=normed)
 
 
 def next_hidden(draft: Eagle3Draft, step: Eagle3Step) -> torch.Tensor:
     """The state the next chain step reads: ``norm(h_pre)`` with ``norm_output`` (EAGLE-3.1), else ``h_pre``."""
-    return draft.model.norm(step.hidden) if draft.cfg.norm_output else step.hidden
+    if not draft.cfg.norm_output:
+        return step.hidden
+    return step.normed if step.normed is not None else draft.model.norm(step.hidden)
