@@ -232,7 +232,7 @@ class Trainer:
     def run(self) -> TrainResult:
         from tqdm import tqdm
 
-        cfg, t = self.cfg, self.cfg.train
+        t = self.cfg.train
         start = time.perf_counter()
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.progress, desc="train", unit="step")
@@ -323,7 +323,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ save
     def save(self) -> Path:
-        state = {k: v for k, v in self.draft.state_dict().items()}
         vocab = {"draft_ids": self.vocab.draft_ids.to(torch.int64), "d2t": self.vocab.d2t.to(torch.int64),
                  "t2d": self.vocab.t2d.to(torch.bool)}
         meta = {
@@ -341,7 +340,7 @@ class Trainer:
         name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
         return ckpt.save_checkpoint(
             self.ckpt_root, name_epoch, self.step,
-            model_state=state,
+            model_state=self.draft.state_dict(),
             model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
             vocab=vocab,
             optim_state={"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
