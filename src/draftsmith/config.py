@@ -40,6 +40,7 @@ class TargetConfig:
     remote_backoff_s: float = 0.5  # first wait when no server is up; doubles per retry
     remote_health_interval_s: float = 5.0  # how often a down server is re-checked
     remote_auth_token_file: Optional[str] = None  # bearer token file (same as serve-target's)
+    remote_data_plane: str = "auto"  # auto | nccl | gloo | wire: how /features tensors travel (auto: nccl if both sides have CUDA)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class RunConfig:
 SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in fields(RunConfig)}  # type: ignore[misc]
 CHOICES: dict[str, tuple[str, ...]] = {
     "target.engine": ("hf", "vllm", "sglang", "remote"),
+    "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
     "draft.type": ("eagle3",),
 }

@@ -32,7 +32,7 @@ class Fake:
             half = self.drafts // 2  # two engines: the client must sum label sets
             for eng, share in (("0", half), ("1", self.drafts - half)):
                 lines.append(f'vllm:spec_decode_num_drafts_total{{engine="{eng}",model_name="fake"}} {share}.0')
-            lines += [f'vllm:spec_decode_num_drafts_created{{engine="0"}} 1.7e9',
+            lines += ['vllm:spec_decode_num_drafts_created{engine="0"} 1.7e9',
                       f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {2 * self.drafts}.0',
                       f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}.0']
             for i, c in enumerate(self.per_pos):

@@ -8,7 +8,6 @@ both accept several tokens and reject.
 import importlib.util
 
 import pytest
-import torch
 
 from draftsmith.eval.offline import Eagle3Proposer, HFTarget
 from draftsmith.eval.prompts import render_prompt

@@ -1,10 +1,13 @@
-"""NCCL data plane, pure parts: the data-plane decision, the transfer plan and the byte views."""
+"""Data plane: the plane decision, the transfer plan, the byte views, and a real gloo channel moving them."""
+
+import threading
 
 import pytest
 import torch
 
 from draftsmith.remote import wire
-from draftsmith.remote.nccl import choose_data_plane, recv_view, send_view, transfer_plan
+from draftsmith.remote.nccl import (Channel, choose_data_plane, join_store, open_store, recv_view, send_view,
+                                    transfer_entries, transfer_plan)
 
 
 @pytest.mark.parametrize("requested,local,remote,plane", [
@@ -19,7 +22,7 @@ def test_nccl_only_when_both_sides_have_cuda(requested, local, remote, plane):
 
 
 def test_unknown_data_plane_is_an_error():
-    with pytest.raises(ValueError, match="auto, nccl, wire"):
+    with pytest.raises(ValueError, match="auto, nccl, gloo, wire"):
         choose_data_plane("tcp", True, True)
 
 
@@ -49,3 +52,69 @@ def test_plan_rejects_unknown_dtype_or_repeated_name():
         transfer_plan([{"name": "a", "dtype": "complex64", "shape": [1]}])
     with pytest.raises(ValueError, match="repeated"):
         transfer_plan([{"name": "a", "dtype": "bool", "shape": [1]}] * 2)
+
+
+@pytest.mark.parametrize("requested,offered,plane", [
+    ("gloo", ["wire", "gloo"], "gloo"), ("gloo", ["wire"], "wire"), ("auto", ["wire", "gloo"], "wire")])
+def test_gloo_only_when_asked_and_offered(requested, offered, plane):
+    assert choose_data_plane(requested, False, False, offered)[0] == plane
+
+
+def test_plan_checks_counts_and_the_receivers_element_limit():
+    with pytest.raises(ValueError, match="not a count"):
+        transfer_plan([{"name": "a", "dtype": "float32", "shape": [2, -1]}])
+    with pytest.raises(ValueError, match="more than 10 elements"):
+        transfer_plan([{"name": "a", "dtype": "float32", "shape": [3, 3]},
+                       {"name": "b", "dtype": "bool", "shape": [2]}], max_elements=10)
+    with pytest.raises(ValueError, match="must be a list"):
+        transfer_plan({"name": "a"})
+
+
+def _pair(timeout_s=20.0):
+    """Both ranks of one gloo channel in this process (rank 0 built on a thread: construction blocks)."""
+    store, sock = open_store("127.0.0.1", timeout_s)
+    server = {}
+    t = threading.Thread(target=lambda: server.setdefault("ch", Channel("gloo", store, 0, timeout_s, keep=sock)))
+    t.start()
+    client = Channel("gloo", join_store("127.0.0.1", sock.getsockname()[1], timeout_s), 1, timeout_s)
+    t.join(timeout_s)
+    return server["ch"], client
+
+
+def test_gloo_channel_moves_every_wire_dtype_in_header_order():
+    server, client = _pair()
+    g = torch.Generator().manual_seed(0)
+    tensors = {"probs": torch.rand(2, 3, 5, generator=g), "half": torch.rand(4, generator=g).half(),
+               "bf": torch.rand(3, 2, generator=g).bfloat16(), "ids": torch.randint(-9, 9, (2, 7), generator=g),
+               "i32": torch.tensor([1, -2], dtype=torch.int32), "i16": torch.tensor([-2, 300], dtype=torch.int16),
+               "i8": torch.tensor([-128, 127], dtype=torch.int8), "u8": torch.tensor([0, 255], dtype=torch.uint8),
+               "mask": torch.rand(2, 7, generator=g) > 0.5, "empty": torch.zeros(0, 4)}
+    entries = transfer_entries(tensors)
+    assert [e["name"] for e in entries] == list(tensors)
+    plan = transfer_plan(entries)
+    sender = threading.Thread(target=lambda: (server.send_probe(), server.send(tensors, plan)))
+    sender.start()
+    client.recv_probe()
+    got = client.recv(plan)
+    sender.join(20)
+    assert list(got) == list(tensors)
+    for k, v in tensors.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    server.close(), client.close()
+
+
+def test_gloo_channel_reports_a_dead_peer_instead_of_hanging():
+    server, client = _pair(timeout_s=5.0)
+    client.close()
+    del client
+    plan = transfer_plan(transfer_entries({"x": torch.zeros(1 << 16)}))
+    with pytest.raises(RuntimeError):
+        for _ in range(64):  # the first sends may land in socket buffers; the peer's close surfaces soon
+            server.send({"x": torch.zeros(1 << 16)}, plan)
+
+
+def test_config_choices_match_the_planes():
+    from draftsmith.config import CHOICES
+    from draftsmith.remote.nccl import PLANES
+
+    assert CHOICES["target.remote_data_plane"] == PLANES

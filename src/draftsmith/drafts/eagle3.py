@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv

@@ -12,7 +12,11 @@ Behaviour (DESIGN section 7):
 - a down server is re-checked every ``health_interval_s`` and used again once it answers;
 - the vocab map is pushed to every server on start (and so on resume, where the trainer pushes the
   checkpoint's map) and again whenever a server answers 409 (a restarted server forgets maps);
-- ``close()`` sends ``/disconnect`` to every server; it also runs at interpreter exit.
+- ``close()`` sends ``/disconnect`` to every server; it also runs at interpreter exit;
+- ``data_plane`` (``auto`` | ``nccl`` | ``gloo`` | ``wire``): with ``nccl`` (both sides CUDA) or ``gloo``
+  the answer to ``/features`` is a header and the tensors follow over a private 2-rank group
+  (:mod:`draftsmith.remote.nccl`); a failed handshake falls back to the wire frame for that server,
+  a failed transfer counts as a server fault (failover), and the channel is rebuilt when it returns.
 
 Ambient proxy settings (HTTP_PROXY, ...) are ignored on purpose: http.client, unlike urllib, never
 reads them, and the servers are addressed directly.
@@ -25,8 +29,10 @@ import http.client
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
+import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +43,7 @@ import torch
 from torch import Tensor
 
 from draftsmith.remote import wire
+from draftsmith.remote.nccl import Channel, choose_data_plane, join_store, nccl_usable, transfer_plan
 from draftsmith.targets import Batch, Features, TargetInfo
 from draftsmith.targets.contract import Eagle3Supervision, TargetError
 
@@ -61,6 +68,9 @@ class _Server:
         self.lock = threading.Lock()  # one request on the wire per server
         self.healthy, self.retry_at, self.last_error = False, 0.0, "not contacted yet"
         self.vocab_id: Optional[str] = None  # what this server calls our vocab map (None = push needed)
+        self.channel: Optional[Channel] = None  # data-plane channel (None = not opened, or the wire)
+        self.session: Optional[str] = None  # its session id (kept after a drop: the next handshake ends it)
+        self.plane_failed = False  # handshake failed: the wire carries tensors until the server restarts
 
     def request(self, method: str, path: str, body: bytes = b"", headers: Optional[dict] = None,
                 timeout_s: Optional[float] = None) -> tuple[int, bytearray]:
@@ -126,7 +136,7 @@ class RemoteEngine:
     def __init__(self, target: str = "", *, urls: Sequence[str], dtype: Optional[str] = None,
                  prefetch_depth: int = 1, timeout_s: float = 300.0, retries: int = 5, backoff_s: float = 0.5,
                  max_backoff_s: float = 10.0, health_interval_s: float = 5.0,
-                 auth_token_file: Optional[str] = None):
+                 auth_token_file: Optional[str] = None, data_plane: str = "auto"):
         if not urls:
             raise RemoteError("target.remote_urls is empty; list the serve-target URLs, e.g. [http://127.0.0.1:8001]")
         if prefetch_depth < 0 or retries < 0:
@@ -162,6 +172,15 @@ class RemoteEngine:
                         raise RemoteError(f"target.remote_urls: {s.url} serves a different target than the others "
                                           f"({_static(other)} vs {_static(self._info_raw)}); point all URLs at one target")
             self.server_aux_ids = list(self._info_raw["aux_layer_ids"])
+            offered = self._info_raw.get("data_planes", ["wire"])
+            try:
+                self.plane, self.plane_reason = choose_data_plane(
+                    data_plane, nccl_usable(), bool(self._info_raw.get("cuda")) and "nccl" in offered, offered)
+            except ValueError as e:
+                raise RemoteError(f"target.remote_data_plane: {e}") from None
+            if self.plane == "wire" and data_plane not in ("auto", "wire"):
+                print(f"remote target: data plane {data_plane} not used ({self.plane_reason}); tensors travel over HTTP",
+                      file=sys.stderr, flush=True)
             if dtype is not None and dtype != self._info_raw["dtype"]:
                 raise RemoteError(f"target.dtype: {dtype!r} but the servers run the target in {self._info_raw['dtype']!r}; "
                                   f"set target.dtype to {self._info_raw['dtype']!r} or restart serve-target with --dtype {dtype}")
@@ -176,6 +195,8 @@ class RemoteEngine:
             status, data = s.request("GET", "/health", headers=self._headers, timeout_s=min(s.timeout_s, 5.0))
             if status == 200:
                 s.healthy, s.vocab_id = True, None  # it may have restarted: push the vocab map again
+                self._drop_channel(s)  # ... and open a new data-plane session
+                s.plane_failed = False
                 return
             self._check(s, status, data, "GET /health")  # raises: a 401 or a non-draftsmith answer is not transient
         except _Down as e:
@@ -216,6 +237,7 @@ class RemoteEngine:
                     s.healthy, s.last_error = False, str(e)
                     s.retry_at = time.monotonic() + self.health_interval_s
                     s.drop()
+                    self._drop_channel(s)
                 finally:
                     s.lock.release()
             failures += 1
@@ -254,6 +276,68 @@ class RemoteEngine:
         self._check(s, status, data, "POST /vocab-map")
         s.vocab_id = json.loads(data)["vocab_id"]
 
+    # ------------------------------------------------------------------ data plane
+    def _channel(self, s: _Server) -> Optional[Channel]:
+        """``s``'s data-plane channel, opened on first use (caller holds ``s.lock``); None = the wire."""
+        if self.plane == "wire" or s.plane_failed:
+            return None
+        if s.channel is None:
+            sid = uuid.uuid4().hex
+            body = json.dumps({"session": sid, "plane": self.plane, "previous": s.session}).encode()
+            status, data = s.request("POST", "/data-plane", body, {**self._headers, "Content-Type": "application/json"})
+            if status == 401:
+                self._check(s, status, data, "POST /data-plane")
+            if status != 200:
+                return self._plane_fallback(s, f"POST /data-plane answered {status}: {_error(status, data)}")
+            try:
+                port = int(json.loads(data)["store_port"])
+                local = s.conn.sock.getsockname()[0]  # the address our HTTP connection to s uses
+                channel = Channel(self.plane, join_store(s.host, port, s.timeout_s), 1, s.timeout_s, local)
+                channel.recv_probe()  # the server's first send: the group works (and NCCL is initialised)
+            except Exception as e:
+                return self._plane_fallback(s, f"{e.__class__.__name__}: {str(e)[:200]}")
+            s.channel, s.session = channel, sid
+        return s.channel
+
+    def _plane_fallback(self, s: _Server, reason: str) -> None:
+        s.plane_failed = True
+        print(f"remote target: {s.url}: {self.plane} data plane not opened ({reason}); tensors travel over HTTP "
+              f"for this server", file=sys.stderr, flush=True)
+        return None
+
+    def _drop_channel(self, s: _Server) -> None:
+        if s.channel is not None:
+            s.channel.close()
+            s.channel = None
+
+    def _features_call(self, s: _Server, tensors: dict, meta: dict) -> dict:
+        """POST /features to ``s`` (caller holds its lock); the answer's tensors, from the frame or the channel."""
+        eagle3 = meta.get("mode") == "eagle3"
+        for _ in range(2):  # a 409: the server lost our vocab map or session (restart): redo both, ask once more
+            channel = self._channel(s)
+            if eagle3 and s.vocab_id is None:
+                self._push_vocab(s)
+            m = {**meta, **({"vocab_id": s.vocab_id} if eagle3 else {}), **({"session": s.session} if channel else {})}
+            status, data = self._post_frame(s, "/features", wire.encode(tensors, m))
+            if status != 409:
+                break
+            s.vocab_id = None
+            self._drop_channel(s)
+        self._check(s, status, data, "POST /features")
+        frame = wire.decode(data, _CLIENT_LIMITS)
+        if "transfer" not in frame.meta:
+            return frame.tensors
+        if channel is None:
+            raise RemoteError(f"{s.url}: POST /features announced a data-plane transfer without a session; "
+                              f"client and server versions disagree")
+        try:
+            plan = transfer_plan(frame.meta["transfer"], _CLIENT_LIMITS.max_elements)
+            with channel.lock:
+                return channel.recv(plan)
+        except Exception as e:  # a dead or silent server: fail over like any connection fault
+            self._drop_channel(s)
+            raise _Down(f"{channel.backend} data plane: {e.__class__.__name__}: {str(e)[:200]}") from None
+
     # ------------------------------------------------------------------ Engine contract
     def info(self) -> TargetInfo:
         fields = TargetInfo.__dataclass_fields__
@@ -280,16 +364,7 @@ class RemoteEngine:
         tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}
 
         def call(s: _Server) -> Eagle3Supervision:
-            for _ in range(2):  # a 409 means the server lost our map (restart): push it and ask once more
-                if s.vocab_id is None:
-                    self._push_vocab(s)
-                meta = {"mode": "eagle3", "vocab_id": s.vocab_id, "layer_ids": list(layer_ids)}
-                status, data = self._post_frame(s, "/features", wire.encode(tensors, meta))
-                if status != 409:
-                    break
-                s.vocab_id = None
-            self._check(s, status, data, "POST /features")
-            t = wire.decode(data, _CLIENT_LIMITS).tensors
+            t = self._features_call(s, tensors, {"mode": "eagle3", "layer_ids": list(layer_ids)})
             return Eagle3Supervision(t["aux_hidden"], t["input_ids"], t["loss_mask"], t["target_probs"],
                                      t["position_mask"])
 
@@ -319,12 +394,10 @@ class RemoteEngine:
     def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features:
         """Raw features (aux states, and full-vocab logits when asked: large, prefer :meth:`eagle3`)."""
         tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}
-        body = wire.encode(tensors, {"mode": "features", "logits": bool(logits), "layer_ids": list(layer_ids)})
+        meta = {"mode": "features", "logits": bool(logits), "layer_ids": list(layer_ids)}
 
         def call(s: _Server) -> Features:
-            status, data = self._post_frame(s, "/features", body)
-            self._check(s, status, data, "POST /features")
-            t = wire.decode(data, _CLIENT_LIMITS).tensors
+            t = self._features_call(s, tensors, meta)
             return Features(aux_hidden=t["aux_hidden"], logits=t.get("logits"))
 
         return self._with_failover(call, "POST /features")
@@ -364,10 +437,12 @@ class RemoteEngine:
         for s in self.servers:
             if s.lock.acquire(timeout=5.0):
                 try:
-                    s.request("POST", "/disconnect", b"", self._headers, timeout_s=2.0)
+                    body = json.dumps({"session": s.session}).encode() if s.session else b""
+                    s.request("POST", "/disconnect", body, self._headers, timeout_s=2.0)
                 except _Down:
                     pass
                 finally:
+                    self._drop_channel(s)
                     s.drop()
                     s.lock.release()
 

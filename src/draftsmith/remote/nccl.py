@@ -1,19 +1,31 @@
-"""NCCL data plane for GPU deployments: metadata over HTTP, tensor bytes over a 2-rank NCCL group.
+"""The tensor data plane: metadata over HTTP, tensor bytes over a private 2-rank process group.
 
-Protocol: the HTTP answer carries the frame header only (names, dtypes, shapes; no payload). After
-the response is flushed, the server (rank 0) sends each tensor over NCCL in :func:`transfer_plan`
-order and the client (rank 1) receives into buffers it allocated from that same header, so both
-sides derive the order and sizes from the metadata alone. NCCL has no bool and no int16, and int8
-reductions are irrelevant here, so bool/int8/int16 travel as uint8 byte views (:func:`send_view`)
-and are re-viewed on arrival (:func:`recv_view`).
+Protocol (DESIGN section 7):
 
-It is used only when both sides have CUDA (:func:`choose_data_plane`); otherwise the HTTP wire
-frame carries the bytes. The pure parts (plan, views, decision) are unit-tested on CPU; the channel
-itself needs two CUDA devices and is exercised only on GPU machines.
+1. Handshake, once per (client, server): the client ``POST /data-plane {"session", "plane"}``; the
+   server opens a one-use TCP store on a free port, answers ``{"store_port"}``, and builds rank 0 of a
+   2-rank group in the background; the client builds rank 1 against that store. The server then
+   sends a fixed 8-byte probe, which proves the group works both ways of the handshake and, on NCCL,
+   creates the communicator before the first real transfer.
+2. Per request: ``/features`` carries ``meta.session``; the HTTP answer is a header-only frame whose
+   ``meta.transfer`` lists names, dtypes and shapes. After that response is flushed, the server
+   (rank 0) sends each tensor in :func:`transfer_plan` order, and the client (rank 1) receives into
+   buffers it allocated from the same header, so both sides derive order and sizes from the metadata
+   alone. NCCL has no bool and no int16 (and int8 is kept byte-exact), so bool/int8/int16 travel as
+   uint8 byte views (:func:`send_view`) and are re-viewed on arrival (:func:`recv_view`).
+
+Backends: ``nccl`` between CUDA processes (used only when both sides have CUDA,
+:func:`choose_data_plane`), and ``gloo``, the same protocol over TCP between CPU processes, which is
+how this path is exercised end to end on machines without GPUs. Anything that fails in the handshake
+falls back to the HTTP wire frame for that server.
 """
 
 from __future__ import annotations
 
+import datetime
+import re
+import socket
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -22,19 +34,49 @@ from torch import Tensor
 
 from draftsmith.remote.wire import DTYPES
 
+PLANES = ("auto", "nccl", "gloo", "wire")
 # Dtypes NCCL cannot carry as themselves (or that we keep byte-exact): sent as uint8 views.
 BYTE_VIEW_DTYPES = {"bool", "int8", "int16"}
+PROBE = bytes(b"DSPLANE1")  # the handshake's first transfer, server -> client
+SESSION_RE = re.compile(r"^[0-9a-f]{32}$")  # uuid4().hex
+_NAMES = {dt: name for name, (dt, _) in DTYPES.items()}
 
 
-def choose_data_plane(requested: str, local_cuda: bool, remote_cuda: bool) -> tuple[str, str]:
-    """``("nccl" | "wire", reason)``: NCCL only when asked for (``auto``/``nccl``) and both sides have CUDA.
+def nccl_usable() -> bool:
+    """True when this process could join an NCCL group (a CUDA device and an NCCL-enabled torch)."""
+    import torch.distributed as dist
 
-    ``requested`` is ``auto`` (NCCL when possible), ``nccl`` (preferred, still falls back) or ``wire``.
+    return torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()
+
+
+def local_planes() -> list[str]:
+    """Data planes this process can serve: always ``wire``; ``gloo`` with torch.distributed; ``nccl`` with CUDA."""
+    import torch.distributed as dist
+
+    planes = ["wire"]
+    if dist.is_available() and dist.is_gloo_available():
+        planes.append("gloo")
+    if nccl_usable():
+        planes.append("nccl")
+    return planes
+
+
+def choose_data_plane(requested: str, local_cuda: bool, remote_cuda: bool,
+                      remote_planes: Sequence[str] = ("wire", "gloo", "nccl")) -> tuple[str, str]:
+    """``("nccl" | "gloo" | "wire", reason)`` for one client/server pair.
+
+    ``auto`` takes NCCL when both sides have CUDA and the wire otherwise; ``nccl`` is the same but
+    says why it fell back; ``gloo`` (CPU processes) is used when the server offers it; ``wire``
+    always travels over HTTP.
     """
-    if requested not in ("auto", "nccl", "wire"):
-        raise ValueError(f"data plane {requested!r}: expected one of auto, nccl, wire")
+    if requested not in PLANES:
+        raise ValueError(f"data plane {requested!r}: expected one of {', '.join(PLANES)}")
     if requested == "wire":
         return "wire", "wire requested"
+    if requested == "gloo":
+        if "gloo" not in remote_planes:
+            return "wire", "the server does not offer gloo"
+        return "gloo", "gloo requested"
     missing = [side for side, ok in (("this side", local_cuda), ("the server", remote_cuda)) if not ok]
     if missing:
         return "wire", f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no CUDA"
@@ -52,20 +94,36 @@ class Transfer:
     send_numel: int  # elements of the sent buffer (bytes for byte views)
 
 
-def transfer_plan(entries: Sequence[Mapping]) -> list[Transfer]:
-    """The send/receive order from frame-header entries (``name``, ``dtype``, ``shape``): header order.
+def transfer_entries(tensors: Mapping[str, Tensor]) -> list[dict]:
+    """The header a server announces before sending ``tensors``: ``[{name, dtype, shape}]`` in send order."""
+    return [{"name": k, "dtype": _NAMES[t.dtype], "shape": list(t.shape)} for k, t in tensors.items()]
+
+
+def transfer_plan(entries: Sequence[Mapping], max_elements: Optional[int] = None) -> list[Transfer]:
+    """The send/receive order from header entries (``name``, ``dtype``, ``shape``): header order.
 
     Both ranks call this on the same header, so they agree on order and sizes without more messages.
+    A receiver passes ``max_elements`` so a corrupt header cannot make it allocate without bound.
     """
-    plan, seen = [], set()
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError("transfer plan: the header's 'transfer' must be a list of {name, dtype, shape}")
+    plan, seen, total = [], set(), 0
     for e in entries:
-        name, dtype, shape = e["name"], e["dtype"], tuple(int(d) for d in e["shape"])
+        if not isinstance(e, Mapping) or not {"name", "dtype", "shape"} <= set(e) or not isinstance(e["shape"], list):
+            raise ValueError(f"transfer plan: entry {str(e)[:64]} must hold name, dtype and a shape list")
+        name, dtype = e["name"], e["dtype"]
         if dtype not in DTYPES or name in seen:
-            raise ValueError(f"nccl plan: tensor {name!r} has an unknown dtype {dtype!r} or is repeated")
+            raise ValueError(f"transfer plan: tensor {name!r} has an unknown dtype {dtype!r} or is repeated")
         seen.add(name)
         numel = 1
-        for d in shape:
+        for d in e["shape"]:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise ValueError(f"transfer plan: tensor {name!r} dimension {d!r} is not a count")
             numel *= d
+        total += numel
+        if max_elements is not None and total > max_elements:
+            raise ValueError(f"transfer plan: more than {max_elements} elements announced")
+        shape = tuple(e["shape"])
         byte_view = dtype in BYTE_VIEW_DTYPES
         plan.append(Transfer(name, dtype, shape, "uint8" if byte_view else dtype,
                              numel * DTYPES[dtype][1] if byte_view else numel))
@@ -75,8 +133,7 @@ def transfer_plan(entries: Sequence[Mapping]) -> list[Transfer]:
 def send_view(t: Tensor) -> Tensor:
     """A flat buffer NCCL can send: bool/int8/int16 -> uint8 bytes (no copy), others flattened."""
     flat = t.contiguous().reshape(-1)
-    name = next(k for k, (dt, _) in DTYPES.items() if dt == t.dtype)
-    return flat.view(torch.uint8) if name in BYTE_VIEW_DTYPES else flat
+    return flat.view(torch.uint8) if _NAMES[t.dtype] in BYTE_VIEW_DTYPES else flat
 
 
 def recv_view(buf: Tensor, item: Transfer) -> Tensor:
@@ -85,33 +142,108 @@ def recv_view(buf: Tensor, item: Transfer) -> Tensor:
     return (buf.view(dt) if item.send_dtype != item.dtype else buf).reshape(item.shape)
 
 
-class NcclChannel:
-    """A private 2-rank NCCL process group (rank 0 = server, rank 1 = client) over a TCP store.
+def open_store(host: str, timeout_s: float):
+    """The server's one-use rendezvous store on a free port of ``host``: ``(store, listening socket)``.
 
-    Not the default process group, so a trainer's own torch.distributed setup is untouched.
+    The socket is bound here and handed to the store, because a store that binds its own port
+    listens on every interface, and a loopback-only server must not open a port beyond loopback.
+    Keep the socket alive as long as the store.
+    """
+    import torch.distributed as dist
+
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(8)
+        store = dist.TCPStore(host, sock.getsockname()[1], 2, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    return store, sock
+
+
+def join_store(host: str, port: int, timeout_s: float):
+    """The client's side of the server's rendezvous store."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, 2, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Channel:
+    """A private 2-rank process group over ``store`` (rank 0 = server, sends; rank 1 = client, receives).
+
+    Not the default process group, so a trainer's own torch.distributed setup is untouched. Every
+    operation waits at most ``timeout_s`` and raises on a dead or silent peer; the caller then
+    closes the channel and falls back (client: another server or a new handshake).
     """
 
-    def __init__(self, host: str, port: int, rank: int, device: Optional[torch.device] = None, timeout_s: float = 300.0):
-        import datetime
-
+    def __init__(self, backend: str, store, rank: int, timeout_s: float = 300.0, local_host: str = "127.0.0.1",
+                 device: Optional[torch.device] = None, keep=None):
         import torch.distributed as dist
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("NcclChannel needs CUDA on this side; the wire data plane is the fallback")
-        self.rank, self.peer = rank, 1 - rank
-        self.device = device or torch.device("cuda", torch.cuda.current_device())
-        store = dist.TCPStore(host, port, 2, is_master=(rank == 0), timeout=datetime.timedelta(seconds=timeout_s))
-        self.group = dist.ProcessGroupNCCL(store, rank, 2)
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"data plane backend {backend!r}: expected nccl or gloo")
+        self.backend, self.rank, self.peer, self.store, self.keep = backend, rank, 1 - rank, store, keep
+        self.lock = threading.Lock()  # one transfer at a time: sends and receives pair up in order
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        if backend == "nccl":
+            if not nccl_usable():
+                raise RuntimeError("the nccl data plane needs CUDA and an NCCL-enabled torch on this side")
+            self.device = device or torch.device("cuda", torch.cuda.current_device())
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            self.group = dist.ProcessGroupNCCL(store, rank, 2, opts)
+        else:
+            self.device = torch.device("cpu")  # gloo moves CPU tensors
+            # Gloo listens on the address it is given (by default: whatever the hostname resolves to);
+            # ``local_host`` is the address this side's HTTP connection uses, so the pair follows it.
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = self.timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_host)]
+            self.group = dist.ProcessGroupGloo(store, rank, 2, opts)  # blocks until both ranks join
+
+    def _send(self, buf: Tensor) -> None:
+        self.group.send([buf], self.peer, 0).wait(self.timeout)
+
+    def _recv(self, buf: Tensor) -> None:
+        self.group.recv([buf], self.peer, 0).wait(self.timeout)
 
     def send(self, tensors: Mapping[str, Tensor], plan: Sequence[Transfer]) -> None:
-        for item in plan:  # plan order == header order on both ranks
-            buf = send_view(tensors[item.name].to(self.device))
-            self.group.send([buf], self.peer, 0).wait()
+        """Send ``tensors`` in ``plan`` order (plan order == header order on both ranks)."""
+        for item in plan:
+            if item.send_numel:  # the receiver skips empty tensors too
+                self._send(send_view(tensors[item.name].to(self.device)))
 
     def recv(self, plan: Sequence[Transfer]) -> dict[str, Tensor]:
+        """Receive the tensors ``plan`` announces, on this channel's device."""
         out = {}
         for item in plan:
             buf = torch.empty(item.send_numel, dtype=DTYPES[item.send_dtype][0], device=self.device)
-            self.group.recv([buf], self.peer, 0).wait()
+            if item.send_numel:
+                self._recv(buf)
             out[item.name] = recv_view(buf, item)
         return out
+
+    def send_probe(self) -> None:
+        self._send(torch.frombuffer(bytearray(PROBE), dtype=torch.uint8).to(self.device))
+
+    def recv_probe(self) -> None:
+        buf = torch.zeros(len(PROBE), dtype=torch.uint8, device=self.device)
+        self._recv(buf)
+        if bytes(buf.cpu().tolist()) != PROBE:
+            raise RuntimeError("data plane probe arrived corrupted")
+
+    def close(self) -> None:
+        """Tear the group down (best effort: the peer may already be gone)."""
+        group, self.group = self.__dict__.pop("group", None), None
+        if group is not None and self.backend == "nccl":
+            try:
+                group.abort()  # frees the communicator without waiting on a dead peer
+            except Exception:
+                pass
+        self.store = None
+        if self.keep is not None:
+            self.keep.close()
+            self.keep = None

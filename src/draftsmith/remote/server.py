@@ -11,7 +11,10 @@ for tensors. Endpoints:
                       meta {"mode": "eagle3", "vocab_id", "layer_ids"} -> EAGLE-3 supervision
                       (aux_hidden, input_ids, loss_mask, target_probs, position_mask), computed here so
                       full-vocab logits never cross the wire; or meta {"mode": "features", "logits"}.
-    POST /disconnect  {"ok": true}
+    POST /data-plane  JSON {"session", "plane": "nccl"|"gloo", "previous"?} -> {"store_port"}: opens a
+                      tensor channel (remote/nccl.py); /features with meta.session then answers with
+                      a header-only frame (meta.transfer) and sends the tensors over that channel
+    POST /disconnect  JSON {"session"?} (or empty) -> {"ok": true}; closes the session's channel
 
 Rules: ``/features`` runs under one lock (the engine is not re-entrant and a second forward would only
 compete for the same cores); a ``vocab_id`` this process has not seen is a 409 (push ``/vocab-map``
@@ -34,11 +37,12 @@ import threading
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from draftsmith.remote import wire
+from draftsmith.remote.nccl import SESSION_RE, Channel, local_planes, open_store, transfer_entries, transfer_plan
 from draftsmith.targets import Batch
 from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
 
@@ -48,6 +52,7 @@ class ServeTargetError(TargetError):
 
 
 MAX_VOCAB_MAPS = 8  # distinct draft vocabularies kept per server (one per concurrent run, in practice)
+MAX_CHANNELS = 8  # open data-plane sessions per server (one per client process; the oldest is closed)
 
 
 def is_loopback(host: str) -> bool:
@@ -70,19 +75,24 @@ def check_bind(host: str, token: Optional[str], insecure: bool) -> None:
 class TargetService:
     """The engine plus the per-server state the endpoints share (thread-safe)."""
 
-    def __init__(self, engine, engine_name: str, aux_layer_ids=None, limits: wire.Limits = wire.Limits()):
+    def __init__(self, engine, engine_name: str, aux_layer_ids=None, limits: wire.Limits = wire.Limits(),
+                 plane_timeout_s: float = 120.0):
         self.engine, self.engine_name, self.limits = engine, engine_name, limits
+        self.plane_timeout_s = plane_timeout_s
+        self.planes = local_planes()
+        self.channels: "OrderedDict[str, Channel]" = OrderedDict()  # data-plane sessions, oldest first
+        self.channel_lock = threading.Lock()
         self.info = engine.info()
         L = self.info.num_layers
         self.aux_ids = validate_layer_ids(aux_layer_ids or default_aux_layer_ids(L), L, key="--aux-layer-ids")
         self.lock = threading.Lock()  # serialises /features (and vocab-map bookkeeping)
         self.vocab_maps: "OrderedDict[str, Optional[torch.Tensor]]" = OrderedDict()
-        self.stats = {"features_served": 0, "disconnects": 0}
+        self.stats = {"features_served": 0, "disconnects": 0, "plane_transfers": 0, "plane_failures": 0}
         self.stats_lock = threading.Lock()
 
     def info_dict(self) -> dict:
         return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "engine": self.engine_name,
-                "cuda": torch.cuda.is_available(), "wire_version": wire.VERSION,
+                "cuda": torch.cuda.is_available(), "data_planes": self.planes, "wire_version": wire.VERSION,
                 "max_body": self.limits.max_body, "max_elements": self.limits.max_elements}
 
     def embeddings_frame(self) -> bytes:
@@ -114,7 +124,9 @@ class TargetService:
                 self.vocab_maps.popitem(last=False)
         return {"vocab_id": key, "draft_vocab_size": V if ids is None else int(ids.numel())}
 
-    def features_frame(self, frame: wire.Frame) -> bytes:
+    def features_answer(self, frame: wire.Frame) -> tuple[bytes, Optional[Callable[[], None]]]:
+        """``(body, after)``: the response body and, on a data-plane session, the send to run once
+        the response is flushed (the body then carries only the header, ``meta.transfer``)."""
         meta, t = frame.meta, frame.tensors
         if set(t) != {"input_ids", "attention_mask", "loss_mask"}:
             raise wire.FrameError("features: expected tensors input_ids, attention_mask, loss_mask")
@@ -132,6 +144,13 @@ class TargetService:
         if not isinstance(layer_ids, list):
             raise wire.FrameError("features: meta.layer_ids must be a list of ints", 422)
         mode = meta.get("mode")
+        channel, session = None, meta.get("session")
+        if session is not None:  # checked before the forward: a restarted server knows no sessions
+            with self.channel_lock:
+                channel = self.channels.get(session) if isinstance(session, str) else None
+            if channel is None:
+                raise wire.FrameError(f"features: data-plane session {str(session)[:32]!r} is unknown here; "
+                                      f"POST /data-plane again", 409)
         batch = Batch(ids, t["attention_mask"], t["loss_mask"])
         if mode == "eagle3":
             vid = meta.get("vocab_id")
@@ -142,8 +161,8 @@ class TargetService:
                 feats = self.engine.features(batch, layer_ids, logits=True)
                 sup = eagle3_supervision(batch, feats, draft_ids)
                 self.stats["features_served"] += 1
-            return wire.encode({"aux_hidden": sup.aux_hidden, "input_ids": sup.input_ids, "loss_mask": sup.loss_mask,
-                                "target_probs": sup.target_probs, "position_mask": sup.position_mask})
+            return self._answer({"aux_hidden": sup.aux_hidden, "input_ids": sup.input_ids, "loss_mask": sup.loss_mask,
+                                 "target_probs": sup.target_probs, "position_mask": sup.position_mask}, session, channel)
         if mode == "features":
             with self.lock:
                 feats = self.engine.features(batch, layer_ids, logits=bool(meta.get("logits")))
@@ -151,8 +170,73 @@ class TargetService:
             out = {"aux_hidden": feats.aux_hidden}
             if feats.logits is not None:
                 out["logits"] = feats.logits
-            return wire.encode(out)
+            return self._answer(out, session, channel)
         raise wire.FrameError(f"features: meta.mode {str(mode)[:32]!r} must be 'eagle3' or 'features'", 422)
+
+    def _answer(self, out: dict, session: Optional[str], channel: Optional[Channel]):
+        if channel is None:
+            return wire.encode(out), None
+        entries = transfer_entries(out)
+        plan = transfer_plan(entries)
+
+        def after() -> None:  # runs after the header-only response is flushed
+            try:
+                with channel.lock:
+                    channel.send(out, plan)
+                with self.stats_lock:
+                    self.stats["plane_transfers"] += 1
+            except Exception as e:  # the client died or timed out: its session is over
+                with self.stats_lock:
+                    self.stats["plane_failures"] += 1
+                self.close_channel(session)
+                print(f"serve-target: data-plane session {session[:8]} closed: {e.__class__.__name__}: "
+                      f"{str(e)[:200]}", file=sys.stderr, flush=True)
+
+        return wire.encode({}, {"plane": channel.backend, "transfer": entries}), after
+
+    # ------------------------------------------------------------------ data-plane sessions
+    def open_data_plane(self, req: dict, local_host: str) -> dict:
+        """Open a store for session ``req['session']`` and build rank 0 of its channel in the background.
+
+        ``local_host`` is this side's address of the HTTP connection that asked: the store and the
+        gloo pair listen there only, so a loopback server stays on loopback.
+        """
+        sid, plane = req.get("session"), req.get("plane")
+        if not isinstance(sid, str) or not SESSION_RE.match(sid):
+            raise wire.FrameError("data-plane: 'session' must be 32 lowercase hex characters (uuid4().hex)", 422)
+        if plane not in self.planes or plane == "wire":
+            raise wire.FrameError(f"data-plane: plane {str(plane)[:16]!r} is not offered here "
+                                  f"(this server offers {[p for p in self.planes if p != 'wire']})", 422)
+        if isinstance(req.get("previous"), str):
+            self.close_channel(req["previous"])  # the client's earlier session with us is over
+        store, sock = open_store(local_host, self.plane_timeout_s)
+
+        def build() -> None:
+            try:
+                channel = Channel(plane, store, 0, self.plane_timeout_s, local_host, keep=sock)  # gloo: waits for the client
+            except Exception as e:
+                sock.close()
+                print(f"serve-target: data-plane session {sid[:8]} not opened: {e.__class__.__name__}: "
+                      f"{str(e)[:200]}", file=sys.stderr, flush=True)
+                return
+            with self.channel_lock:  # registered before the probe: the client may ask right after it
+                self.channels[sid] = channel
+                while len(self.channels) > MAX_CHANNELS:
+                    self.channels.popitem(last=False)[1].close()
+            try:
+                with channel.lock:
+                    channel.send_probe()
+            except Exception:
+                self.close_channel(sid)
+
+        threading.Thread(target=build, name=f"data-plane-{sid[:8]}", daemon=True).start()
+        return {"session": sid, "plane": plane, "store_port": sock.getsockname()[1]}
+
+    def close_channel(self, sid) -> None:
+        with self.channel_lock:
+            channel = self.channels.pop(sid, None) if isinstance(sid, str) else None
+        if channel is not None:
+            channel.close()
 
 
 def make_handler(service: TargetService, token: Optional[str]):
@@ -210,7 +294,7 @@ def make_handler(service: TargetService, token: Optional[str]):
             if not self._authorised():
                 return
             path = self.path.split("?", 1)[0]
-            if path not in ("/vocab-map", "/features", "/disconnect"):
+            if path not in ("/vocab-map", "/features", "/disconnect", "/data-plane"):
                 return self._json(404, {"error": f"no endpoint POST {path[:64]}"}, close=True)
             length = self.headers.get("Content-Length")
             if length is None or not length.strip().isdigit():
@@ -227,14 +311,23 @@ def make_handler(service: TargetService, token: Optional[str]):
                     return self._json(400, {"error": f"body ended after {got} of {n} bytes"}, close=True)
                 got += k
             try:
-                if path == "/disconnect":
+                if path in ("/disconnect", "/data-plane"):
+                    req = _json_body(body)
+                    if path == "/data-plane":
+                        return self._json(200, service.open_data_plane(req, self.connection.getsockname()[0]))
                     with service.stats_lock:  # not the features lock: a long forward must not delay a goodbye
                         service.stats["disconnects"] += 1
+                    service.close_channel(req.get("session"))
                     return self._json(200, {"ok": True})
                 frame = wire.decode(body, service.limits)
                 if path == "/vocab-map":
                     return self._json(200, service.push_vocab_map(frame))
-                return self._send(200, service.features_frame(frame), "application/octet-stream")
+                answer, after = service.features_answer(frame)
+                self._send(200, answer, "application/octet-stream")
+                if after is not None:
+                    self.wfile.flush()  # the client reads the header, then waits on the channel
+                    after()
+                return
             except wire.FrameError as e:
                 return self._json(e.status, {"error": str(e)})
             except TargetError as e:  # e.g. a layer id out of range: the request, not the server, is wrong
@@ -243,6 +336,19 @@ def make_handler(service: TargetService, token: Optional[str]):
                 return self._json(500, {"error": f"{e.__class__.__name__}: {str(e)[:200]}"})
 
     return Handler
+
+
+def _json_body(body: bytearray) -> dict:
+    """A small JSON object body (empty -> {}); anything else is a 400."""
+    if not body:
+        return {}
+    try:
+        req = json.loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise wire.FrameError("body: expected a JSON object") from None
+    if not isinstance(req, dict):
+        raise wire.FrameError("body: expected a JSON object")
+    return req
 
 
 class _Server(ThreadingHTTPServer):

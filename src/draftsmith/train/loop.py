@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -81,7 +81,8 @@ def remote_options(cfg: RunConfig) -> dict:
     t = cfg.target
     return {"urls": t.remote_urls, "prefetch_depth": t.prefetch_depth, "timeout_s": t.remote_timeout_s,
             "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
-            "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file}
+            "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file,
+            "data_plane": t.remote_data_plane}
 
 
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
@@ -194,6 +195,9 @@ class Trainer:
         (computed here when None).
         """
         batch, sup = supervised if supervised is not None else next(iter(self.supervise([examples])))
+        device = self.draft.model.fc.weight.device
+        if sup.aux_hidden.device != device:  # the nccl data plane delivers on the GPU the channel uses
+            sup = Eagle3Supervision(**{f.name: getattr(sup, f.name).to(device) for f in fields(sup)})
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16):
             out = self.draft(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
         return out, int(batch.attention_mask.sum())

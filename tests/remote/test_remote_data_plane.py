@@ -1,0 +1,176 @@
+"""The data plane wired into /features, end to end with real serve-target processes over gloo (the CPU
+backend of the same protocol NCCL uses on GPUs): bitwise parity with co-located supervision and with
+the wire, fallback to the wire, handshake input checks, a client that dies mid-session, and kill -9 of
+a server mid-run with the same final weights."""
+
+import http.client
+import json
+import uuid
+
+import pytest
+import torch
+
+from draftsmith.remote.client import RemoteEngine
+from draftsmith.remote.nccl import Channel, join_store
+from draftsmith.targets.contract import eagle3_supervision
+from draftsmith.targets.hf import HFEngine
+from draftsmith.train.loop import train
+from remote_helpers import AUX
+from remote_train import final_weights, same_weights, tiny_target_and_servers, train_config
+from test_remote_faults import kill_on_call, up
+from test_remote_parity import FIELDS, batches
+from test_remote_server import batch_frame
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    with tiny_target_and_servers(tmp_path_factory.mktemp("plane")) as got:
+        yield got
+
+
+def transfers(servers) -> list:
+    return [s.get("/health")["plane_transfers"] for s in servers]
+
+
+def post_json(port, path, obj):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    conn.request("POST", path, body=body, headers={"Content-Length": str(len(body))})
+    r = conn.getresponse()
+    return r.status, r.read(), conn
+
+
+@pytest.mark.parametrize("n_servers,prefetch", [(1, 0), (2, 2)])
+def test_gloo_plane_supervision_bitwise_equal_to_co_located(pair, n_servers, prefetch):
+    target, _, servers = pair
+    up(servers)
+    hf, bs = HFEngine(target), batches()
+    draft_ids = torch.tensor(sorted(set(range(0, 384, 5)) | {7, 11}))
+    before = transfers(servers)
+    with RemoteEngine(str(target), urls=[s.url for s in servers[:n_servers]], prefetch_depth=prefetch,
+                      data_plane="gloo") as eng:
+        assert eng.plane == "gloo"
+        eng.set_vocab_map(draft_ids)
+        got = list(eng.eagle3_stream(iter(bs), AUX))
+        raw = eng.features(bs[0], [0, 6], logits=True)  # raw-features mode rides the same channel
+    after = transfers(servers)
+    assert sum(after) - sum(before) == len(bs) + 1  # every answer crossed the channel, none the wire
+    for b, (rb, sup) in zip(bs, got):
+        ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), draft_ids)
+        for f in FIELDS:
+            assert getattr(sup, f).dtype == getattr(ref, f).dtype and torch.equal(getattr(sup, f), getattr(ref, f)), f
+    ref = hf.features(bs[0], [0, 6], logits=True)
+    assert torch.equal(raw.aux_hidden, ref.aux_hidden) and torch.equal(raw.logits, ref.logits)
+
+
+def test_nccl_without_cuda_falls_back_to_the_wire_and_says_why(pair, capsys):
+    target, _, servers = pair
+    up(servers)
+    before = transfers(servers)
+    with RemoteEngine(str(target), urls=[servers[0].url], data_plane="nccl") as eng:
+        assert eng.plane == "wire" and "no CUDA" in eng.plane_reason
+        eng.set_vocab_map(None)
+        b = batches(1)[0]
+        sup = eng.eagle3(b, AUX)
+    assert "data plane nccl not used" in capsys.readouterr().err
+    assert transfers(servers) == before and sup.target_probs.shape[-1] == 384
+
+
+def test_handshake_input_is_checked(pair):
+    _, _, servers = pair
+    up(servers)
+    port = servers[0].port
+    assert post_json(port, "/data-plane", {"session": "../etc", "plane": "gloo"})[0] == 422
+    status, data, _ = post_json(port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "nccl"})
+    assert status == 422 and "not offered" in json.loads(data)["error"]  # no CUDA on this server
+    assert post_json(port, "/data-plane", b"\xff{not json")[0] == 400
+    assert post_json(port, "/data-plane", [1, 2])[0] == 400
+    assert post_json(port, "/disconnect", b"garbage")[0] == 400
+    status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "features", "session": uuid.uuid4().hex})))
+    assert status == 409 and "POST /data-plane again" in json.loads(data)["error"]
+
+
+def listeners_beyond_loopback() -> set:
+    """(address, port) of every listening TCP socket of this network namespace not on loopback."""
+    out = set()
+    for path, loopback in (("/proc/net/tcp", "0100007F"), ("/proc/net/tcp6", "00000000000000000000000001000000")):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, port = local.split(":")
+            if state == "0A" and addr != loopback:  # 0A = LISTEN
+                out.add((addr, int(port, 16)))
+    return out
+
+
+def test_a_loopback_server_opens_its_channel_on_loopback_only(pair):
+    target, _, servers = pair
+    up(servers)
+    before = listeners_beyond_loopback()
+    with RemoteEngine(str(target), urls=[servers[0].url], data_plane="gloo") as eng:
+        eng.set_vocab_map(None)
+        eng.eagle3(batches(1)[0], AUX)
+        assert eng.servers[0].channel is not None
+        assert listeners_beyond_loopback() == before  # store and gloo pair bound to 127.0.0.1, not *
+
+
+def test_client_gone_mid_session_closes_it_and_the_server_stays_up(pair):
+    _, _, servers = pair
+    up(servers)
+    s, sid = servers[0], uuid.uuid4().hex
+    status, data, _ = post_json(s.port, "/data-plane", {"session": sid, "plane": "gloo"})
+    assert status == 200
+    client = Channel("gloo", join_store("127.0.0.1", json.loads(data)["store_port"], 10.0), 1, 10.0)
+    client.recv_probe()
+    client.close()  # the client process "dies" before its next transfer
+    failures = s.get("/health")["plane_failures"]
+    status, data, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid,
+                                                                        "logits": True})))
+    assert status == 200 and json.loads(bytes(data[12:]).decode().strip())["meta"]["plane"] == "gloo"
+    for _ in range(100):  # the failed send is noticed right after the header went out
+        if s.get("/health")["plane_failures"] == failures + 1:
+            break
+    assert s.get("/health")["plane_failures"] == failures + 1
+    status, _, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))
+    assert status == 409 and s.proc.poll() is None  # the session is gone, the server is not
+
+
+def kill_in_transfer(monkeypatch, n: int, victim):
+    """kill -9 ``victim`` when the client starts its n-th channel receive (the header already arrived)."""
+    calls, original = [0], Channel.recv
+
+    def recv(self, plan):
+        calls[0] += 1
+        if calls[0] == n:
+            victim.kill9()
+        return original(self, plan)
+
+    monkeypatch.setattr(Channel, "recv", recv)
+    return calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before-request", "in-transfer"])
+def test_kill9_mid_run_over_gloo_same_weights_and_restart_rejoins(pair, tmp_path, monkeypatch, when):
+    target, data, servers = pair
+    up(servers)
+    ref = train(train_config(target, data, tmp_path / "co"), progress=False)
+    kill = kill_on_call if when == "before-request" else kill_in_transfer
+    calls = kill(monkeypatch, 3, [servers[0]] if when == "before-request" else servers[0])
+    res = train(train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers],
+                             prefetch_depth=2, remote_backoff_s=0.05, remote_data_plane="gloo"), progress=False)
+    assert servers[0].proc.poll() is not None and calls[0] >= 7
+    assert res.history == ref.history and same_weights(final_weights(res), final_weights(ref))
+    assert servers[1].get("/health")["plane_transfers"] >= 5
+    monkeypatch.undo()
+    servers[0].restart()
+    with RemoteEngine(str(target), urls=[servers[0].url], data_plane="gloo") as eng:
+        eng.set_vocab_map(None)
+        b = batches(1)[0]
+        sup = eng.eagle3(b, AUX)
+    ref_sup = eagle3_supervision(b, HFEngine(target).features(b, AUX, logits=True), None)
+    assert all(torch.equal(getattr(sup, f), getattr(ref_sup, f)) for f in FIELDS)
+    assert servers[0].get("/health")["plane_transfers"] == 1
