@@ -62,11 +62,11 @@ def channel_throughput(B: int, S: int, H: int, Vd: int, reps: int = 5) -> float:
                "loss_mask": torch.ones(B, S, dtype=torch.int64), "target_probs": torch.rand(B, S, Vd, generator=g),
                "position_mask": torch.ones(B, S, dtype=torch.bool)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    store, sock = open_store("127.0.0.1", 30.0)
+    store, port = open_store("127.0.0.1", 30.0)
     ranks = {}
-    t = threading.Thread(target=lambda: ranks.setdefault(0, Channel("gloo", store, 0, 30.0, keep=sock)))
+    t = threading.Thread(target=lambda: ranks.setdefault(0, Channel("gloo", store, 0, 30.0)))
     t.start()
-    client = Channel("gloo", join_store("127.0.0.1", sock.getsockname()[1], 30.0), 1, 30.0)
+    client = Channel("gloo", join_store("127.0.0.1", port, 30.0), 1, 30.0)
     t.join()
     plan, times = transfer_plan(transfer_entries(tensors)), []
     for _ in range(reps):

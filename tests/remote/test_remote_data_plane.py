@@ -5,6 +5,8 @@ a server mid-run with the same final weights."""
 
 import http.client
 import json
+import threading
+import time
 import uuid
 
 import pytest
@@ -15,7 +17,7 @@ from draftsmith.remote.nccl import Channel, join_store
 from draftsmith.targets.contract import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
-from remote_helpers import AUX
+from remote_helpers import AUX, ServerProc
 from remote_train import final_weights, same_weights, tiny_target_and_servers, train_config
 from test_remote_faults import kill_on_call, up
 from test_remote_parity import FIELDS, batches
@@ -133,21 +135,31 @@ def test_client_gone_mid_session_closes_it_and_the_server_stays_up(pair):
     for _ in range(100):  # the failed send is noticed right after the header went out
         if s.get("/health")["plane_failures"] == failures + 1:
             break
+        time.sleep(0.05)
     assert s.get("/health")["plane_failures"] == failures + 1
     status, _, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))
     assert status == 409 and s.proc.poll() is None  # the session is gone, the server is not
 
 
 def kill_in_transfer(monkeypatch, n: int, victim):
-    """kill -9 ``victim`` when the client starts its n-th channel receive (the header already arrived)."""
-    calls, original = [0], Channel.recv
+    """kill -9 ``victim`` when the client starts its n-th channel receive from it (the header already
+    arrived, the tensors have not been read); returns the count of all receives."""
+    calls, from_victim, current = [0], [0], threading.local()
+    original_call, original_recv = RemoteEngine._features_call, Channel.recv
+
+    def features_call(self, s, tensors, meta):
+        current.url = s.url
+        return original_call(self, s, tensors, meta)
 
     def recv(self, plan):
         calls[0] += 1
-        if calls[0] == n:
-            victim.kill9()
-        return original(self, plan)
+        if getattr(current, "url", None) == victim.url:
+            from_victim[0] += 1
+            if from_victim[0] == n:
+                victim.kill9()
+        return original_recv(self, plan)
 
+    monkeypatch.setattr(RemoteEngine, "_features_call", features_call)
     monkeypatch.setattr(Channel, "recv", recv)
     return calls
 
@@ -158,8 +170,10 @@ def test_kill9_mid_run_over_gloo_same_weights_and_restart_rejoins(pair, tmp_path
     target, data, servers = pair
     up(servers)
     ref = train(train_config(target, data, tmp_path / "co"), progress=False)
-    kill = kill_on_call if when == "before-request" else kill_in_transfer
-    calls = kill(monkeypatch, 3, [servers[0]] if when == "before-request" else servers[0])
+    if when == "before-request":
+        calls = kill_on_call(monkeypatch, 3, [servers[0]])
+    else:
+        calls = kill_in_transfer(monkeypatch, 2, servers[0])
     res = train(train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers],
                              prefetch_depth=2, remote_backoff_s=0.05, remote_data_plane="gloo"), progress=False)
     assert servers[0].proc.poll() is not None and calls[0] >= 7
@@ -174,3 +188,45 @@ def test_kill9_mid_run_over_gloo_same_weights_and_restart_rejoins(pair, tmp_path
     ref_sup = eagle3_supervision(b, HFEngine(target).features(b, AUX, logits=True), None)
     assert all(torch.equal(getattr(sup, f), getattr(ref_sup, f)) for f in FIELDS)
     assert servers[0].get("/health")["plane_transfers"] == 1
+
+
+def handshake_and_join(port, timeout_s=10.0):
+    sid = uuid.uuid4().hex
+    status, data, _ = post_json(port, "/data-plane", {"session": sid, "plane": "gloo"})
+    assert status == 200, data
+    channel = Channel("gloo", join_store("127.0.0.1", json.loads(data)["store_port"], timeout_s), 1, timeout_s)
+    channel.recv_probe()
+    return sid, channel
+
+
+def features_status(port, sid):
+    return post_json(port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))[0]
+
+
+def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair):
+    from draftsmith.remote.server import MAX_CHANNELS, MAX_PENDING
+
+    target = pair[0]
+    s = ServerProc(target, extra=["--num-threads", "1", "--data-plane-timeout-s", "2"])
+    try:
+        # Handshakes whose client never joins hold a slot until the timeout; one more is a 429.
+        for _ in range(MAX_PENDING):
+            assert post_json(s.port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "gloo"})[0] == 200
+        status, data, _ = post_json(s.port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "gloo"})
+        assert status == 429 and "already waiting" in json.loads(data)["error"]
+        time.sleep(3.0)  # past --data-plane-timeout-s: the abandoned handshakes gave their slots back
+        # MAX_CHANNELS + 1 joined sessions: the oldest ready one is closed, the others still answer.
+        opened = [handshake_and_join(s.port) for _ in range(MAX_CHANNELS + 1)]
+        assert features_status(s.port, opened[0][0]) == 409
+        sid, channel = opened[-1]
+        status, data, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))
+        assert status == 200
+        meta = json.loads(bytes(data[12:]).decode().strip())["meta"]
+        from draftsmith.remote.nccl import transfer_plan
+        got = channel.recv(transfer_plan(meta["transfer"]))
+        assert got["aux_hidden"].shape[:2] == (1, 4)
+        assert s.get("/health")["ok"] and s.proc.poll() is None
+        for _, ch in opened:
+            ch.close()
+    finally:
+        s.kill()

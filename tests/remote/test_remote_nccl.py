@@ -54,6 +54,11 @@ def test_plan_rejects_unknown_dtype_or_repeated_name():
         transfer_plan([{"name": "a", "dtype": "bool", "shape": [1]}] * 2)
 
 
+def test_nccl_not_between_two_ranks_on_one_gpu():
+    plane, reason = choose_data_plane("auto", True, True, same_gpu=True)
+    assert plane == "wire" and "same GPU" in reason
+
+
 @pytest.mark.parametrize("requested,offered,plane", [
     ("gloo", ["wire", "gloo"], "gloo"), ("gloo", ["wire"], "wire"), ("auto", ["wire", "gloo"], "wire")])
 def test_gloo_only_when_asked_and_offered(requested, offered, plane):
@@ -72,11 +77,11 @@ def test_plan_checks_counts_and_the_receivers_element_limit():
 
 def _pair(timeout_s=20.0):
     """Both ranks of one gloo channel in this process (rank 0 built on a thread: construction blocks)."""
-    store, sock = open_store("127.0.0.1", timeout_s)
+    store, port = open_store("127.0.0.1", timeout_s)
     server = {}
-    t = threading.Thread(target=lambda: server.setdefault("ch", Channel("gloo", store, 0, timeout_s, keep=sock)))
+    t = threading.Thread(target=lambda: server.setdefault("ch", Channel("gloo", store, 0, timeout_s)))
     t.start()
-    client = Channel("gloo", join_store("127.0.0.1", sock.getsockname()[1], timeout_s), 1, timeout_s)
+    client = Channel("gloo", join_store("127.0.0.1", port, timeout_s), 1, timeout_s)
     t.join(timeout_s)
     return server["ch"], client
 
@@ -111,6 +116,31 @@ def test_gloo_channel_reports_a_dead_peer_instead_of_hanging():
     with pytest.raises(RuntimeError):
         for _ in range(64):  # the first sends may land in socket buffers; the peer's close surfaces soon
             server.send({"x": torch.zeros(1 << 16)}, plan)
+    server.close()
+
+
+def test_the_store_owns_its_listening_descriptor():
+    """Closing channels and dropping stores never closes a descriptor number the process reused since."""
+    import gc
+    import os
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    server, client = _pair()
+    server.close(), client.close()
+    r, w = os.pipe()  # may reuse a number a careless close just freed
+    del server, client
+    gc.collect()
+    os.fstat(r), os.fstat(w)  # still ours: nobody closed them behind our back
+    os.close(r), os.close(w)
+    before = open_fds()
+    for _ in range(3):
+        a, b = _pair()
+        a.close(), b.close()
+        del a, b
+    gc.collect()
+    assert open_fds() <= before + 1  # no descriptor per session left behind
 
 
 def test_config_choices_match_the_planes():

@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without a token")
     p.add_argument("--max-body-mb", type=int, default=1024, help="largest request body accepted")
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--data-plane-timeout-s", type=float, default=120.0,
+                   help="how long a data-plane handshake waits for its client, and each channel transfer")
 
 
 def register(subparsers) -> None:

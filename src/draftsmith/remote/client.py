@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from draftsmith.remote import wire
-from draftsmith.remote.nccl import Channel, choose_data_plane, join_store, nccl_usable, transfer_plan
+from draftsmith.remote.nccl import Channel, choose_data_plane, cuda_uuid, join_store, nccl_usable, transfer_plan
 from draftsmith.targets import Batch, Features, TargetInfo
 from draftsmith.targets.contract import Eagle3Supervision, TargetError
 
@@ -173,9 +173,12 @@ class RemoteEngine:
                                           f"({_static(other)} vs {_static(self._info_raw)}); point all URLs at one target")
             self.server_aux_ids = list(self._info_raw["aux_layer_ids"])
             offered = self._info_raw.get("data_planes", ["wire"])
+            # Channels are built on pool threads (current device 0 there): receive on this thread's GPU.
+            self._cuda_device = torch.device("cuda", torch.cuda.current_device()) if nccl_usable() else None
+            same_gpu = self._cuda_device is not None and self._info_raw.get("cuda_uuid") == cuda_uuid(self._cuda_device)
             try:
                 self.plane, self.plane_reason = choose_data_plane(
-                    data_plane, nccl_usable(), bool(self._info_raw.get("cuda")) and "nccl" in offered, offered)
+                    data_plane, nccl_usable(), bool(self._info_raw.get("cuda")) and "nccl" in offered, offered, same_gpu)
             except ValueError as e:
                 raise RemoteError(f"target.remote_data_plane: {e}") from None
             if self.plane == "wire" and data_plane not in ("auto", "wire"):
@@ -289,14 +292,18 @@ class RemoteEngine:
                 self._check(s, status, data, "POST /data-plane")
             if status != 200:
                 return self._plane_fallback(s, f"POST /data-plane answered {status}: {_error(status, data)}")
+            s.session, channel = sid, None  # known from here on: the next handshake or /disconnect ends it
             try:
                 port = int(json.loads(data)["store_port"])
                 local = s.conn.sock.getsockname()[0]  # the address our HTTP connection to s uses
-                channel = Channel(self.plane, join_store(s.host, port, s.timeout_s), 1, s.timeout_s, local)
+                join_s = min(s.timeout_s, 60.0)  # the server is already waiting for us
+                channel = Channel(self.plane, join_store(s.host, port, join_s), 1, s.timeout_s, local, self._cuda_device)
                 channel.recv_probe()  # the server's first send: the group works (and NCCL is initialised)
             except Exception as e:
+                if channel is not None:
+                    channel.close()
                 return self._plane_fallback(s, f"{e.__class__.__name__}: {str(e)[:200]}")
-            s.channel, s.session = channel, sid
+            s.channel = channel
         return s.channel
 
     def _plane_fallback(self, s: _Server, reason: str) -> None:
@@ -313,7 +320,7 @@ class RemoteEngine:
     def _features_call(self, s: _Server, tensors: dict, meta: dict) -> dict:
         """POST /features to ``s`` (caller holds its lock); the answer's tensors, from the frame or the channel."""
         eagle3 = meta.get("mode") == "eagle3"
-        for _ in range(2):  # a 409: the server lost our vocab map or session (restart): redo both, ask once more
+        for _ in range(3):  # a 409: the server lost our session and/or vocab map (restart): redo what it names
             channel = self._channel(s)
             if eagle3 and s.vocab_id is None:
                 self._push_vocab(s)
@@ -321,8 +328,10 @@ class RemoteEngine:
             status, data = self._post_frame(s, "/features", wire.encode(tensors, m))
             if status != 409:
                 break
-            s.vocab_id = None
-            self._drop_channel(s)
+            if "data-plane session" in _error(status, data):
+                self._drop_channel(s)
+            else:
+                s.vocab_id = None
         self._check(s, status, data, "POST /features")
         frame = wire.decode(data, _CLIENT_LIMITS)
         if "transfer" not in frame.meta:

@@ -23,6 +23,7 @@ falls back to the HTTP wire frame for that server.
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import socket
 import threading
@@ -40,6 +41,17 @@ BYTE_VIEW_DTYPES = {"bool", "int8", "int16"}
 PROBE = bytes(b"DSPLANE1")  # the handshake's first transfer, server -> client
 SESSION_RE = re.compile(r"^[0-9a-f]{32}$")  # uuid4().hex
 _NAMES = {dt: name for name, (dt, _) in DTYPES.items()}
+_ENV_LOCK = threading.Lock()
+
+
+def cuda_uuid(device: Optional[torch.device] = None) -> Optional[str]:
+    """The UUID of this process's CUDA device (None without CUDA): two ranks on one GPU cannot use NCCL."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return str(torch.cuda.get_device_properties(device or torch.cuda.current_device()).uuid)
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def nccl_usable() -> bool:
@@ -62,12 +74,12 @@ def local_planes() -> list[str]:
 
 
 def choose_data_plane(requested: str, local_cuda: bool, remote_cuda: bool,
-                      remote_planes: Sequence[str] = ("wire", "gloo", "nccl")) -> tuple[str, str]:
+                      remote_planes: Sequence[str] = ("wire", "gloo", "nccl"), same_gpu: bool = False) -> tuple[str, str]:
     """``("nccl" | "gloo" | "wire", reason)`` for one client/server pair.
 
-    ``auto`` takes NCCL when both sides have CUDA and the wire otherwise; ``nccl`` is the same but
-    says why it fell back; ``gloo`` (CPU processes) is used when the server offers it; ``wire``
-    always travels over HTTP.
+    ``auto`` takes NCCL when both sides have CUDA on different GPUs (NCCL refuses two ranks on one
+    device) and the wire otherwise; ``nccl`` is the same but says why it fell back; ``gloo`` (CPU
+    processes) is used when the server offers it; ``wire`` always travels over HTTP.
     """
     if requested not in PLANES:
         raise ValueError(f"data plane {requested!r}: expected one of {', '.join(PLANES)}")
@@ -80,6 +92,8 @@ def choose_data_plane(requested: str, local_cuda: bool, remote_cuda: bool,
     missing = [side for side, ok in (("this side", local_cuda), ("the server", remote_cuda)) if not ok]
     if missing:
         return "wire", f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no CUDA"
+    if same_gpu:
+        return "wire", "this side and the server use the same GPU (NCCL needs one GPU per rank)"
     return "nccl", "both sides have CUDA"
 
 
@@ -143,11 +157,11 @@ def recv_view(buf: Tensor, item: Transfer) -> Tensor:
 
 
 def open_store(host: str, timeout_s: float):
-    """The server's one-use rendezvous store on a free port of ``host``: ``(store, listening socket)``.
+    """The server's one-use rendezvous store on a free port of ``host``: ``(store, port)``.
 
     The socket is bound here and handed to the store, because a store that binds its own port
     listens on every interface, and a loopback-only server must not open a port beyond loopback.
-    Keep the socket alive as long as the store.
+    The store owns the descriptor from then on and closes it when it is destroyed.
     """
     import torch.distributed as dist
 
@@ -156,12 +170,18 @@ def open_store(host: str, timeout_s: float):
     try:
         sock.bind((host, 0))
         sock.listen(8)
-        store = dist.TCPStore(host, sock.getsockname()[1], 2, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.fileno())
+        port = sock.getsockname()[1]
     except BaseException:
         sock.close()
         raise
-    return store, sock
+    fd = sock.detach()  # ownership moves to the store (closing it here too would close a reused number)
+    try:
+        store = dist.TCPStore(host, port, 2, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return store, port
 
 
 def join_store(host: str, port: int, timeout_s: float):
@@ -180,13 +200,14 @@ class Channel:
     """
 
     def __init__(self, backend: str, store, rank: int, timeout_s: float = 300.0, local_host: str = "127.0.0.1",
-                 device: Optional[torch.device] = None, keep=None):
+                 device: Optional[torch.device] = None):
         import torch.distributed as dist
 
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"data plane backend {backend!r}: expected nccl or gloo")
-        self.backend, self.rank, self.peer, self.store, self.keep = backend, rank, 1 - rank, store, keep
-        self.lock = threading.Lock()  # one transfer at a time: sends and receives pair up in order
+        self.backend, self.rank, self.peer, self.store = backend, rank, 1 - rank, store
+        self.ready = False  # set once the probe went through
+        self.lock = threading.RLock()  # one transfer at a time (sends and receives pair up in order); close waits
         self.timeout = datetime.timedelta(seconds=timeout_s)
         if backend == "nccl":
             if not nccl_usable():
@@ -194,7 +215,20 @@ class Channel:
             self.device = device or torch.device("cuda", torch.cuda.current_device())
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = self.timeout
-            self.group = dist.ProcessGroupNCCL(store, rank, 2, opts)
+            # Blocking-wait mode: a failed or timed-out transfer raises in our wait() and nothing else.
+            # Under the default async error handling the watchdog thread would rethrow the failure
+            # and abort the whole process (the server, or the trainer) instead of failing over.
+            # The constructor reads the variable once, so it is set only around it.
+            with _ENV_LOCK:
+                old = os.environ.get("TORCH_NCCL_BLOCKING_WAIT")
+                os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
+                try:
+                    self.group = dist.ProcessGroupNCCL(store, rank, 2, opts)
+                finally:
+                    if old is None:
+                        os.environ.pop("TORCH_NCCL_BLOCKING_WAIT", None)
+                    else:
+                        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = old
         else:
             self.device = torch.device("cpu")  # gloo moves CPU tensors
             # Gloo listens on the address it is given (by default: whatever the hostname resolves to);
@@ -228,22 +262,22 @@ class Channel:
 
     def send_probe(self) -> None:
         self._send(torch.frombuffer(bytearray(PROBE), dtype=torch.uint8).to(self.device))
+        self.ready = True
 
     def recv_probe(self) -> None:
         buf = torch.zeros(len(PROBE), dtype=torch.uint8, device=self.device)
         self._recv(buf)
         if bytes(buf.cpu().tolist()) != PROBE:
             raise RuntimeError("data plane probe arrived corrupted")
+        self.ready = True
 
     def close(self) -> None:
-        """Tear the group down (best effort: the peer may already be gone)."""
-        group, self.group = self.__dict__.pop("group", None), None
-        if group is not None and self.backend == "nccl":
+        """Tear the group down after any transfer in flight (best effort: the peer may already be gone)."""
+        with self.lock:
+            group, self.group = self.__dict__.pop("group", None), None
+        if group is not None and self.backend == "nccl":  # every op waits with a timeout, so the lock frees
             try:
                 group.abort()  # frees the communicator without waiting on a dead peer
             except Exception:
                 pass
         self.store = None
-        if self.keep is not None:
-            self.keep.close()
-            self.keep = None

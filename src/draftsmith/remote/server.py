@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -42,7 +43,8 @@ from typing import Callable, Optional
 import torch
 
 from draftsmith.remote import wire
-from draftsmith.remote.nccl import SESSION_RE, Channel, local_planes, open_store, transfer_entries, transfer_plan
+from draftsmith.remote.nccl import (SESSION_RE, Channel, cuda_uuid, local_planes, open_store, transfer_entries,
+                                    transfer_plan)
 from draftsmith.targets import Batch
 from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
 
@@ -53,6 +55,7 @@ class ServeTargetError(TargetError):
 
 MAX_VOCAB_MAPS = 8  # distinct draft vocabularies kept per server (one per concurrent run, in practice)
 MAX_CHANNELS = 8  # open data-plane sessions per server (one per client process; the oldest is closed)
+MAX_PENDING = 4  # handshakes waiting for their client at once (each holds a port and a thread); more -> 429
 
 
 def is_loopback(host: str) -> bool:
@@ -82,6 +85,15 @@ class TargetService:
         self.planes = local_planes()
         self.channels: "OrderedDict[str, Channel]" = OrderedDict()  # data-plane sessions, oldest first
         self.channel_lock = threading.Lock()
+        self.pending = threading.BoundedSemaphore(MAX_PENDING)
+        # NCCL sends from the engine's GPU (or this process's current one), captured here: channels
+        # are built on handler threads, where the current device is always 0.
+        self.cuda_device, self.cuda_uuid = None, None
+        if "nccl" in self.planes:
+            dev = getattr(engine, "device", None)
+            self.cuda_device = dev if isinstance(dev, torch.device) and dev.type == "cuda" else \
+                torch.device("cuda", torch.cuda.current_device())
+            self.cuda_uuid = cuda_uuid(self.cuda_device)
         self.info = engine.info()
         L = self.info.num_layers
         self.aux_ids = validate_layer_ids(aux_layer_ids or default_aux_layer_ids(L), L, key="--aux-layer-ids")
@@ -92,7 +104,8 @@ class TargetService:
 
     def info_dict(self) -> dict:
         return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "engine": self.engine_name,
-                "cuda": torch.cuda.is_available(), "data_planes": self.planes, "wire_version": wire.VERSION,
+                "cuda": torch.cuda.is_available(), "data_planes": self.planes, "cuda_uuid": self.cuda_uuid,
+                "wire_version": wire.VERSION,
                 "max_body": self.limits.max_body, "max_elements": self.limits.max_elements}
 
     def embeddings_frame(self) -> bytes:
@@ -209,34 +222,44 @@ class TargetService:
                                   f"(this server offers {[p for p in self.planes if p != 'wire']})", 422)
         if isinstance(req.get("previous"), str):
             self.close_channel(req["previous"])  # the client's earlier session with us is over
-        store, sock = open_store(local_host, self.plane_timeout_s)
+        if not self.pending.acquire(blocking=False):  # 429, not 5xx: the client keeps using this server
+            raise wire.FrameError(f"data-plane: {MAX_PENDING} handshakes are already waiting for their clients; "
+                                  f"use the wire or try again later", 429)
+        try:
+            store, port = open_store(local_host, self.plane_timeout_s)
+        except BaseException:
+            self.pending.release()
+            raise
 
         def build() -> None:
             try:
-                channel = Channel(plane, store, 0, self.plane_timeout_s, local_host, keep=sock)  # gloo: waits for the client
+                channel = Channel(plane, store, 0, self.plane_timeout_s, local_host, self.cuda_device)  # gloo: waits
+                with self.channel_lock:  # registered before the probe: the client may ask right after it
+                    self.channels[sid] = channel
+                    ready = [k for k, c in self.channels.items() if c.ready]  # oldest first
+                    victims = [self.channels.pop(k) for k in ready[: max(0, len(ready) + 1 - MAX_CHANNELS)]]
+                for v in victims:  # closed off the lock: closing can wait on a transfer in flight
+                    threading.Thread(target=v.close, daemon=True).start()
+                try:
+                    with channel.lock:
+                        channel.send_probe()
+                except Exception:
+                    self.close_channel(sid)
+                    raise
             except Exception as e:
-                sock.close()
                 print(f"serve-target: data-plane session {sid[:8]} not opened: {e.__class__.__name__}: "
                       f"{str(e)[:200]}", file=sys.stderr, flush=True)
-                return
-            with self.channel_lock:  # registered before the probe: the client may ask right after it
-                self.channels[sid] = channel
-                while len(self.channels) > MAX_CHANNELS:
-                    self.channels.popitem(last=False)[1].close()
-            try:
-                with channel.lock:
-                    channel.send_probe()
-            except Exception:
-                self.close_channel(sid)
+            finally:
+                self.pending.release()
 
         threading.Thread(target=build, name=f"data-plane-{sid[:8]}", daemon=True).start()
-        return {"session": sid, "plane": plane, "store_port": sock.getsockname()[1]}
+        return {"session": sid, "plane": plane, "store_port": port}
 
     def close_channel(self, sid) -> None:
         with self.channel_lock:
             channel = self.channels.pop(sid, None) if isinstance(sid, str) else None
         if channel is not None:
-            channel.close()
+            channel.close()  # waits for a send in flight
 
 
 def make_handler(service: TargetService, token: Optional[str]):
@@ -384,8 +407,10 @@ def run(args: argparse.Namespace) -> int:
 
     engine = open_engine(args.engine, args.target, dtype=args.dtype)
     limits = wire.Limits(max_body=args.max_body_mb << 20)
-    server = build_server(TargetService(engine, args.engine, args.aux_layer_ids, limits), args.host, args.port,
-                          token, args.insecure)
+    if is_loopback(args.host):  # NCCL picks its own interfaces and skips lo: keep a loopback server on lo
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    service = TargetService(engine, args.engine, args.aux_layer_ids, limits, args.data_plane_timeout_s)
+    server = build_server(service, args.host, args.port, token, args.insecure)
     host, port = server.server_address[:2]
     print(f"READY {host}:{port}", flush=True)
     try:
