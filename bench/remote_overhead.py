@@ -24,25 +24,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "remote")]
 
 
-def frame_throughput(B: int, S: int, H: int, Vd: int, reps: int = 5) -> dict:
-    """GB/s of wire.encode, wire.decode and a plain copy for a supervision-shaped frame."""
+def supervision(B: int, S: int, H: int, Vd: int) -> dict:
+    """Random tensors shaped like one /features answer (3 aux layers, draft vocab Vd)."""
+    g = torch.Generator().manual_seed(0)
+    return {"aux_hidden": torch.randn(B, S, 3, H, generator=g), "input_ids": torch.randint(0, 1000, (B, S)),
+            "loss_mask": torch.ones(B, S, dtype=torch.int64), "target_probs": torch.rand(B, S, Vd, generator=g),
+            "position_mask": torch.ones(B, S, dtype=torch.bool)}
+
+
+def best(fn, reps: int = 5) -> float:
+    """Fastest of ``reps`` wall-clock runs of ``fn`` (seconds)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def frame_throughput(tensors: dict) -> dict:
+    """GB/s of wire.encode, wire.decode and a plain copy of the same bytes."""
     from draftsmith.remote import wire
 
-    g = torch.Generator().manual_seed(0)
-    tensors = {"aux_hidden": torch.randn(B, S, 3, H, generator=g), "input_ids": torch.randint(0, 1000, (B, S)),
-               "loss_mask": torch.ones(B, S, dtype=torch.int64), "target_probs": torch.rand(B, S, Vd, generator=g),
-               "position_mask": torch.ones(B, S, dtype=torch.bool)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors.values()])
-
-    def best(fn):
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
     body = bytearray(wire.encode(tensors))  # the client reads answers straight into a bytearray
     t_enc = best(lambda: wire.encode(tensors))
     t_dec = best(lambda: wire.decode(body))  # validation + zero-copy views
@@ -51,16 +56,12 @@ def frame_throughput(B: int, S: int, H: int, Vd: int, reps: int = 5) -> dict:
             "roundtrip_gbs": nbytes / (t_enc + t_dec) / 1e9, "memcpy_gbs": nbytes / t_copy / 1e9}
 
 
-def channel_throughput(B: int, S: int, H: int, Vd: int, reps: int = 5) -> float:
-    """GB/s of one supervision-shaped transfer over a loopback gloo channel (both ranks in this process)."""
+def channel_throughput(tensors: dict) -> float:
+    """GB/s of one transfer of ``tensors`` over a loopback gloo channel (both ranks in this process)."""
     import threading
 
     from draftsmith.remote.nccl import Channel, join_store, open_store, transfer_entries, transfer_plan
 
-    g = torch.Generator().manual_seed(0)
-    tensors = {"aux_hidden": torch.randn(B, S, 3, H, generator=g), "input_ids": torch.randint(0, 1000, (B, S)),
-               "loss_mask": torch.ones(B, S, dtype=torch.int64), "target_probs": torch.rand(B, S, Vd, generator=g),
-               "position_mask": torch.ones(B, S, dtype=torch.bool)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     store, port = open_store("127.0.0.1", 30.0)
     ranks = {}
@@ -68,16 +69,17 @@ def channel_throughput(B: int, S: int, H: int, Vd: int, reps: int = 5) -> float:
     t.start()
     client = Channel("gloo", join_store("127.0.0.1", port, 30.0), 1, 30.0)
     t.join()
-    plan, times = transfer_plan(transfer_entries(tensors)), []
-    for _ in range(reps):
+    plan = transfer_plan(transfer_entries(tensors))
+
+    def transfer():
         sender = threading.Thread(target=ranks[0].send, args=(tensors, plan))
-        t0 = time.perf_counter()
         sender.start()
         client.recv(plan)
         sender.join()
-        times.append(time.perf_counter() - t0)
+
+    seconds = best(transfer)
     ranks[0].close(), client.close()
-    return nbytes / min(times) / 1e9
+    return nbytes / seconds / 1e9
 
 
 def main() -> None:
@@ -95,11 +97,12 @@ def main() -> None:
     from fixtures import make_tiny_llama, make_tokenizer
     from remote_helpers import ServerProc
 
-    f = frame_throughput(2, 512, 576, 8192)
+    sup = supervision(2, 512, 576, 8192)
+    f = frame_throughput(sup)
     print(f"frame ({f['bytes'] / 1e6:.1f} MB, SmolLM2-shaped supervision): encode {f['encode_gbs']:.2f} GB/s, "
           f"decode {f['decode_gbs']:.2f} GB/s, encode+decode {f['roundtrip_gbs']:.2f} GB/s, "
           f"memcpy {f['memcpy_gbs']:.2f} GB/s (ratio {f['roundtrip_gbs'] / f['memcpy_gbs']:.2f})", flush=True)
-    gloo_gbs = channel_throughput(2, 512, 576, 8192)
+    gloo_gbs = channel_throughput(sup)
     print(f"gloo channel send+receive over loopback: {gloo_gbs:.2f} GB/s (ratio to memcpy "
           f"{gloo_gbs / f['memcpy_gbs']:.2f})", flush=True)
 
