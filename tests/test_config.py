@@ -79,3 +79,17 @@ def test_dump_round_trip():
 @pytest.mark.parametrize("name", ["smoke.yaml", "smollm2_eagle3.yaml", "remote_target.yaml"])
 def test_examples_are_valid(name):
     load_config(EXAMPLES / name)
+
+
+def test_readme_lists_every_config_key():
+    """The README's config table is the user's reference: a key added in code must appear there."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from draftsmith.config import SECTIONS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for section, cls in SECTIONS.items():
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{section}` |"))
+        missing = [f.name for f in fields(cls) if f"`{f.name}`" not in row]
+        assert not missing, f"README config table, section {section}: add {missing}"

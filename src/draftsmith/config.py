@@ -69,9 +69,10 @@ class DraftConfig:
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # optimizer steps; stops early when reached
-    max_time_s: Optional[float] = None  # wall-clock budget for the loop; a final checkpoint follows
+    max_time_s: Optional[float] = None  # wall-clock budget for the loop (the LR cosine is fitted to it); a final checkpoint follows
     batch_size: int = 2  # micro-batch size (conversations)
     grad_accum: int = 1
+    group_by_length: bool = False  # batch conversations of similar length (~8% less padding at batch 2); seeded
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])

@@ -8,7 +8,7 @@ import torch
 
 import draftsmith
 import fixtures
-from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, split_holdout
+from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.formats import DataError
 from draftsmith.data.template import render
 
@@ -86,3 +86,16 @@ def test_importing_the_dataset_module_does_not_import_vllm():
     src = str(Path(draftsmith.__file__).parents[1])  # works for both `PYTHONPATH=src` and installs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_length_grouping_sorts_within_spans_and_keeps_the_shuffle_across_them():
+    lengths = [5, 1, 9, 3, 7, 2, 8, 4, 6, 10]
+    order = [3, 0, 9, 5, 1, 8, 2, 7, 6, 4]
+    # batch 2, window 2 -> spans of 4: [3,0,9,5] [1,8,2,7] [6,4], each longest first
+    assert length_grouped(order, lengths, batch_size=2, window=2) == [9, 0, 3, 5, 2, 8, 7, 1, 6, 4]
+    got = length_grouped(order, lengths, batch_size=2, window=2)
+    assert sorted(got) == sorted(order)
+    pad = lambda o: sum(max(lengths[i] for i in o[k:k + 2]) * 2 - sum(lengths[i] for i in o[k:k + 2])
+                        for k in range(0, len(o), 2))
+    assert pad(got) < pad(order)  # padded slots: (5,1,3,3,1) vs (2,8,5,5,1)
+    assert pad(got) == 13 and pad(order) == 21

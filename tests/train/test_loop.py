@@ -54,6 +54,32 @@ def test_lr_schedule_warmup_then_cosine():
     assert f(12) == pytest.approx(0.1) and f(20) == pytest.approx(0.1)
 
 
+def test_schedule_length_can_move_and_is_fitted_to_the_time_budget():
+    from types import SimpleNamespace
+
+    from draftsmith.train.loop import Trainer
+
+    length = [12]
+    f = lr_lambda(warmup=4, total=lambda: length[0], min_ratio=0.1)
+    assert f(8) == pytest.approx(0.55)
+    length[0] = 8  # the cosine now ends at step 8
+    assert f(8) == pytest.approx(0.1) and f(6) == pytest.approx(0.1 + 0.9 * 0.5)
+
+    fake = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_time_s=100.0, warmup_steps=5)),
+                           step=25, total_steps=1000, schedule_steps=1000)
+    Trainer.fit_schedule(fake, elapsed=50.0, done=25)  # 2 s/step, 50 s left -> 25 more steps
+    assert fake.schedule_steps == 50
+    fake.total_steps = 40
+    Trainer.fit_schedule(fake, elapsed=50.0, done=25)  # never beyond the data's own length
+    assert fake.schedule_steps == 40
+    fake.step = 26
+    Trainer.fit_schedule(fake, elapsed=99.0, done=26)  # only every 25 steps
+    assert fake.schedule_steps == 40
+    fake.step, fake.total_steps = 50, 1000
+    Trainer.fit_schedule(fake, elapsed=99.9, done=50)  # budget nearly spent: the cosine ends at the next step
+    assert fake.schedule_steps == 51
+
+
 @pytest.mark.slow
 def test_train_loss_falls_and_checkpoint_matches_design(tiny, tmp_path):
     target, data = tiny

@@ -88,6 +88,17 @@ def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
+def length_grouped(order: list[int], lengths: Sequence[int], batch_size: int, window: int = 32) -> list[int]:
+    """``order`` with each span of ``window * batch_size`` examples sorted by length (longest first),
+    so a batch's rows have similar lengths and little padding, while the epoch's shuffle still decides
+    which examples share a span. Deterministic in ``order``, so resume recomputes it exactly."""
+    span = max(1, window * batch_size)
+    out: list[int] = []
+    for i in range(0, len(order), span):
+        out += sorted(order[i : i + span], key=lambda j: -lengths[j])  # stable: ties keep the shuffle
+    return out
+
+
 def collate(examples: Sequence[Example], pad_id: int) -> Batch:
     """Right-pad examples into a :class:`~draftsmith.targets.Batch` of int64 (B, S) tensors.
 

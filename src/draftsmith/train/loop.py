@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 
 from draftsmith.config import RunConfig, dump_config
-from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, split_holdout
+from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
@@ -39,13 +39,17 @@ class TrainResult:
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total`` optimizer steps."""
+def lr_lambda(warmup: int, total, min_ratio: float):
+    """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total`` optimizer steps.
+
+    ``total`` is an int or a zero-argument callable (the trainer re-fits it to a time budget).
+    """
 
     def f(step: int) -> float:
         if warmup > 0 and step < warmup:
             return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        n = total() if callable(total) else total
+        progress = min(1.0, (step - warmup) / max(1, n - warmup))
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
@@ -156,8 +160,11 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
+        # The cosine's length: total_steps, or where train.max_time_s is expected to stop the run
+        # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
+        self.schedule_steps = self.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.warmup_steps, self.total_steps, t.min_lr_ratio)
+            self.optimizer, lr_lambda(t.warmup_steps, lambda: self.schedule_steps, t.min_lr_ratio)
         )
         self.step, self.epoch, self.batch_pos = 0, 0, 0  # batch_pos: micro-batches done in this epoch
         if saved is not None:
@@ -167,6 +174,7 @@ class Trainer:
             ckpt.set_rng_state(saved["rng"])
             meta = saved["meta"]
             self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+            self.schedule_steps = meta.get("schedule_steps", self.total_steps)
         self.resumed_from = resume_dir
         self.writer = None
         if cfg.output.tensorboard:
@@ -237,12 +245,15 @@ class Trainer:
         from tqdm import tqdm
 
         t = self.cfg.train
-        start = time.perf_counter()
+        start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.progress, desc="train", unit="step")
         stop = self.step >= self.total_steps
         while self.epoch < t.epochs and not stop:
-            mbs = micro_batches(epoch_order(len(self.train_set), self.epoch, t.seed), t.batch_size)
+            order = epoch_order(len(self.train_set), self.epoch, t.seed)
+            if t.group_by_length:
+                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], t.batch_size)
+            mbs = micro_batches(order, t.batch_size)
             sups = self.supervise([self.train_set[i] for i in idx] for idx in mbs[self.batch_pos :])
             while self.batch_pos < len(mbs) and not stop:
                 # A window of grad_accum micro-batches; the trailing partial window is flushed
@@ -266,6 +277,8 @@ class Trainer:
                     self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
                     self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
                 stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
+                if t.max_time_s is not None and not stop:
+                    self.fit_schedule(elapsed, self.step - start_step)
                 # ---------------------------------------------------------- eval, save (periodic)
                 if t.eval_every and self.step % t.eval_every == 0 and not stop:
                     eval_metrics = self.evaluate()
@@ -291,6 +304,15 @@ class Trainer:
             self.writer.close()
         return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
+
+    def fit_schedule(self, elapsed: float, done: int, every: int = 25) -> None:
+        """End the cosine at the step train.max_time_s is expected to stop at (re-estimated every
+        ``every`` steps from the measured step time, never beyond total_steps)."""
+        t = self.cfg.train
+        if done % every or self.step <= t.warmup_steps:
+            return
+        reachable = self.step + int((t.max_time_s - elapsed) * done / elapsed)
+        self.schedule_steps = max(self.step + 1, min(self.total_steps, reachable))
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -333,6 +355,7 @@ class Trainer:
             "data_epoch": self.epoch,  # where the data order resumes: (epoch, micro-batch position)
             "batch_pos": self.batch_pos,
             "total_steps": self.total_steps,
+            "schedule_steps": self.schedule_steps,
             "aux_layer_ids": self.aux_ids,
             "target": self.cfg.target.path,
             "target_info": self.info.to_dict(),
