@@ -203,10 +203,12 @@ def features_status(port, sid):
     return post_json(port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))[0]
 
 
-def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair):
+def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair, monkeypatch):
+    from draftsmith.remote import client as client_mod
     from draftsmith.remote.server import MAX_CHANNELS, MAX_PENDING
 
     target = pair[0]
+    monkeypatch.setattr(client_mod, "PLANE_BUSY_RETRY_S", 0.5)
     s = ServerProc(target, extra=["--num-threads", "1", "--data-plane-timeout-s", "2"])
     try:
         # Handshakes whose client never joins hold a slot until the timeout; one more is a 429.
@@ -214,7 +216,15 @@ def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair):
             assert post_json(s.port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "gloo"})[0] == 200
         status, data, _ = post_json(s.port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "gloo"})
         assert status == 429 and "already waiting" in json.loads(data)["error"]
-        time.sleep(3.0)  # past --data-plane-timeout-s: the abandoned handshakes gave their slots back
+        # A client meeting the busy server uses the wire for now and tries the channel again later.
+        with RemoteEngine(str(target), urls=[s.url], data_plane="gloo") as eng:
+            eng.set_vocab_map(None)
+            eng.eagle3(batches(1)[0], AUX)
+            assert eng.servers[0].channel is None and not eng.servers[0].plane_failed
+            assert s.get("/health")["plane_transfers"] == 0
+            time.sleep(3.0)  # past --data-plane-timeout-s: the abandoned handshakes gave their slots back
+            eng.eagle3(batches(1)[0], AUX)
+            assert eng.servers[0].channel is not None and s.get("/health")["plane_transfers"] == 1
         # MAX_CHANNELS + 1 joined sessions: the oldest ready one is closed, the others still answer.
         opened = [handshake_and_join(s.port) for _ in range(MAX_CHANNELS + 1)]
         assert features_status(s.port, opened[0][0]) == 409

@@ -71,6 +71,7 @@ class _Server:
         self.channel: Optional[Channel] = None  # data-plane channel (None = not opened, or the wire)
         self.session: Optional[str] = None  # its session id (kept after a drop: the next handshake ends it)
         self.plane_failed = False  # handshake failed: the wire carries tensors until the server restarts
+        self.plane_retry_at = 0.0  # the server was busy with other handshakes (429): the wire until then
 
     def request(self, method: str, path: str, body: bytes = b"", headers: Optional[dict] = None,
                 timeout_s: Optional[float] = None) -> tuple[int, bytearray]:
@@ -282,7 +283,7 @@ class RemoteEngine:
     # ------------------------------------------------------------------ data plane
     def _channel(self, s: _Server) -> Optional[Channel]:
         """``s``'s data-plane channel, opened on first use (caller holds ``s.lock``); None = the wire."""
-        if self.plane == "wire" or s.plane_failed:
+        if self.plane == "wire" or s.plane_failed or time.monotonic() < s.plane_retry_at:
             return None
         if s.channel is None:
             sid = uuid.uuid4().hex
@@ -290,6 +291,9 @@ class RemoteEngine:
             status, data = s.request("POST", "/data-plane", body, {**self._headers, "Content-Type": "application/json"})
             if status == 401:
                 self._check(s, status, data, "POST /data-plane")
+            if status == 429:  # busy, not broken: the wire for now, another handshake later
+                s.plane_retry_at = time.monotonic() + PLANE_BUSY_RETRY_S
+                return None
             if status != 200:
                 return self._plane_fallback(s, f"POST /data-plane answered {status}: {_error(status, data)}")
             s.session, channel = sid, None  # known from here on: the next handshake or /disconnect ends it
@@ -462,6 +466,7 @@ class RemoteEngine:
         self.close()
 
 
+PLANE_BUSY_RETRY_S = 30.0  # after a 429 from /data-plane, the next handshake attempt waits this long
 _CLIENT_LIMITS = wire.Limits(max_body=1 << 40, max_elements=1 << 40)  # answers come from servers we chose
 
 
