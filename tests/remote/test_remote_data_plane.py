@@ -90,6 +90,9 @@ def test_handshake_input_is_checked(pair):
     assert post_json(port, "/disconnect", b"garbage")[0] == 400
     status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "features", "session": uuid.uuid4().hex})))
     assert status == 409 and "POST /data-plane again" in json.loads(data)["error"]
+    assert json.loads(data)["redo"] == "data-plane"
+    status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "eagle3", "vocab_id": "0" * 16})))
+    assert status == 409 and json.loads(data)["redo"] == "vocab-map"
 
 
 def listeners_beyond_loopback() -> set:

@@ -1,6 +1,7 @@
 """End-to-end training on a tiny Llama target built in the test (head_dim 32)."""
 
 import json
+import math
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 from draftsmith.config import build_config
 from draftsmith.data.dataset import Example
 from draftsmith.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from draftsmith.train.loop import Trainer, lr_lambda, train
+from draftsmith.train.loop import Cosine, Trainer, train
 from fixtures import make_tiny_llama, make_tokenizer
 
 SUBJECTS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull", "wind", "computer"]
@@ -47,37 +48,40 @@ def run_config(target, data, out, **train):
 
 
 def test_lr_schedule_warmup_then_cosine():
-    f = lr_lambda(warmup=4, total=12, min_ratio=0.1)
+    f = Cosine(warmup=4, total=12, min_ratio=0.1)
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert f(4) == pytest.approx(1.0)
     assert f(8) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
     assert f(12) == pytest.approx(0.1) and f(20) == pytest.approx(0.1)
 
 
-def test_schedule_length_can_move_and_is_fitted_to_the_time_budget():
+def test_schedule_refit_keeps_the_lr_continuous_and_fits_the_time_budget():
     from types import SimpleNamespace
 
-    from draftsmith.train.loop import Trainer
+    f = Cosine(warmup=4, total=12, min_ratio=0.1)
+    assert f(8) == pytest.approx(0.55)  # p = 0.5
+    f.refit(8, 10)  # from step 8 (p 0.5) the rest of the cosine is squeezed into 2 steps
+    assert f(8) == pytest.approx(0.55)  # no jump at the refit step
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)))  # p = 0.5 + 0.5 * 1/2
+    assert f(10) == pytest.approx(0.1) and f(30) == pytest.approx(0.1)
+    f.refit(9, 100)  # a longer budget later: the LR holds and keeps falling, it never climbs back
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)))
+    assert f(10) < f(9) and f(100) == pytest.approx(0.1)
+    g = Cosine(warmup=4, total=12, min_ratio=0.1)
+    g.refit(2, 8)  # during warmup: warmup unchanged, the cosine starts at step 4 and ends at 8
+    assert g(2) == pytest.approx(0.75) and g(6) == pytest.approx(0.55) and g(8) == pytest.approx(0.1)
 
-    length = [12]
-    f = lr_lambda(warmup=4, total=lambda: length[0], min_ratio=0.1)
-    assert f(8) == pytest.approx(0.55)
-    length[0] = 8  # the cosine now ends at step 8
-    assert f(8) == pytest.approx(0.1) and f(6) == pytest.approx(0.1 + 0.9 * 0.5)
-
+    sched = Cosine(warmup=5, total=1000, min_ratio=0.1)
     fake = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(max_time_s=100.0, warmup_steps=5)),
-                           step=25, total_steps=1000, schedule_steps=1000)
+                           step=25, total_steps=1000, schedule=sched)
     Trainer.fit_schedule(fake, elapsed=50.0, done=25)  # 2 s/step, 50 s left -> 25 more steps
-    assert fake.schedule_steps == 50
-    fake.total_steps = 40
-    Trainer.fit_schedule(fake, elapsed=50.0, done=25)  # never beyond the data's own length
-    assert fake.schedule_steps == 40
-    fake.step = 26
-    Trainer.fit_schedule(fake, elapsed=99.0, done=26)  # only every 25 steps
-    assert fake.schedule_steps == 40
-    fake.step, fake.total_steps = 50, 1000
-    Trainer.fit_schedule(fake, elapsed=99.9, done=50)  # budget nearly spent: the cosine ends at the next step
-    assert fake.schedule_steps == 51
+    assert sched.end == 50 and sched.anchor_step == 25
+    fake.step, fake.total_steps = 50, 60
+    Trainer.fit_schedule(fake, elapsed=50.0, done=50)  # 50 more would fit, the data has 10 left
+    assert sched.end == 60 and sched.anchor_step == 50
+    fake.step = 51
+    Trainer.fit_schedule(fake, elapsed=99.0, done=51)  # only every 25 steps
+    assert sched.end == 60 and sched.anchor_step == 50
 
 
 @pytest.mark.slow
@@ -149,6 +153,10 @@ def test_resume_mid_run_is_bitwise_equal(tiny, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert [l for s, l in full.history if s > 7] == [l for _, l in resumed.history]
+    # A changed data order would make batch_pos point elsewhere: refused by name, before training.
+    with pytest.raises(CheckpointError, match=r"train.batch_size 2 -> 4.*train.group_by_length False -> True"):
+        train(run_config(target, data, tmp_path / "other", epochs=2, batch_size=4, group_by_length=True),
+              resume=mid, progress=False)
 
 
 @pytest.mark.slow

@@ -121,6 +121,14 @@ def _read_body(resp: http.client.HTTPResponse) -> bytearray:
     return buf
 
 
+def _redo(data: bytes) -> Optional[str]:
+    """What a 409 answer asks to send again (``vocab-map`` or ``data-plane``)."""
+    try:
+        return json.loads(data).get("redo")
+    except (ValueError, AttributeError):
+        return None
+
+
 def _error(status: int, data: bytes) -> str:
     try:
         return json.loads(data).get("error", "")
@@ -332,9 +340,9 @@ class RemoteEngine:
             status, data = self._post_frame(s, "/features", wire.encode(tensors, m))
             if status != 409:
                 break
-            if "data-plane session" in _error(status, data):
+            if _redo(data) == "data-plane":
                 self._drop_channel(s)
-            else:
+            else:  # "vocab-map"
                 s.vocab_id = None
         self._check(s, status, data, "POST /features")
         frame = wire.decode(data, _CLIENT_LIMITS)

@@ -40,6 +40,7 @@ PLANES = ("auto", "nccl", "gloo", "wire")
 BYTE_VIEW_DTYPES = {"bool", "int8", "int16"}
 PROBE = bytes(b"DSPLANE1")  # the handshake's first transfer, server -> client
 SESSION_RE = re.compile(r"^[0-9a-f]{32}$")  # uuid4().hex
+JOINED_KEY = "draftsmith/joined"  # the client sets it in the store once it joined; the server waits for it
 _NAMES = {dt: name for name, (dt, _) in DTYPES.items()}
 _ENV_LOCK = threading.Lock()
 
@@ -185,10 +186,12 @@ def open_store(host: str, timeout_s: float):
 
 
 def join_store(host: str, port: int, timeout_s: float):
-    """The client's side of the server's rendezvous store."""
+    """The client's side of the server's rendezvous store (marked joined, which the server waits for)."""
     import torch.distributed as dist
 
-    return dist.TCPStore(host, port, 2, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    store = dist.TCPStore(host, port, 2, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    store.set(JOINED_KEY, "1")
+    return store
 
 
 class Channel:

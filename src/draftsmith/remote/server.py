@@ -27,6 +27,7 @@ is a 400 and the server stays up. Loopback bind by default; a non-loopback bind 
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import hmac
 import ipaddress
@@ -43,7 +44,7 @@ from typing import Callable, Optional
 import torch
 
 from draftsmith.remote import wire
-from draftsmith.remote.nccl import (SESSION_RE, Channel, cuda_uuid, local_planes, open_store, transfer_entries,
+from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store, transfer_entries,
                                     transfer_plan)
 from draftsmith.targets import Batch
 from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
@@ -163,13 +164,14 @@ class TargetService:
                 channel = self.channels.get(session) if isinstance(session, str) else None
             if channel is None:
                 raise wire.FrameError(f"features: data-plane session {str(session)[:32]!r} is unknown here; "
-                                      f"POST /data-plane again", 409)
+                                      f"POST /data-plane again", 409, redo="data-plane")
         batch = Batch(ids, t["attention_mask"], t["loss_mask"])
         if mode == "eagle3":
             vid = meta.get("vocab_id")
             with self.lock:
                 if not isinstance(vid, str) or vid not in self.vocab_maps:
-                    raise wire.FrameError(f"features: vocab_id {str(vid)[:32]!r} is unknown here; POST /vocab-map first", 409)
+                    raise wire.FrameError(f"features: vocab_id {str(vid)[:32]!r} is unknown here; POST /vocab-map first", 409,
+                                          redo="vocab-map")
                 draft_ids = self.vocab_maps[vid]
                 feats = self.engine.features(batch, layer_ids, logits=True)
                 sup = eagle3_supervision(batch, feats, draft_ids)
@@ -221,7 +223,7 @@ class TargetService:
             raise wire.FrameError(f"data-plane: plane {str(plane)[:16]!r} is not offered here "
                                   f"(this server offers {[p for p in self.planes if p != 'wire']})", 422)
         if isinstance(req.get("previous"), str):
-            self.close_channel(req["previous"])  # the client's earlier session with us is over
+            self.close_channel(req["previous"], wait=False)  # the client's earlier session with us is over
         if not self.pending.acquire(blocking=False):  # 429, not 5xx: the client keeps using this server
             raise wire.FrameError(f"data-plane: {MAX_PENDING} handshakes are already waiting for their clients; "
                                   f"use the wire or try again later", 429)
@@ -233,6 +235,9 @@ class TargetService:
 
         def build() -> None:
             try:
+                # The client marks the store once it joined: a client that never comes ends here, after the
+                # timeout, before any group exists (NCCL's lazy setup in the first send has no timeout).
+                store.wait([JOINED_KEY], datetime.timedelta(seconds=self.plane_timeout_s))
                 channel = Channel(plane, store, 0, self.plane_timeout_s, local_host, self.cuda_device)  # gloo: waits
                 with self.channel_lock:  # registered before the probe: the client may ask right after it
                     self.channels[sid] = channel
@@ -252,14 +257,22 @@ class TargetService:
             finally:
                 self.pending.release()
 
-        threading.Thread(target=build, name=f"data-plane-{sid[:8]}", daemon=True).start()
+        try:
+            threading.Thread(target=build, name=f"data-plane-{sid[:8]}", daemon=True).start()
+        except BaseException:
+            self.pending.release()
+            raise
         return {"session": sid, "plane": plane, "store_port": port}
 
-    def close_channel(self, sid) -> None:
+    def close_channel(self, sid, wait: bool = True) -> None:
+        """End session ``sid`` (unknown ids are ignored); ``wait=False`` closes on a thread, for HTTP handlers."""
         with self.channel_lock:
             channel = self.channels.pop(sid, None) if isinstance(sid, str) else None
         if channel is not None:
-            channel.close()  # waits for a send in flight
+            if wait:
+                channel.close()  # waits for a send in flight
+            else:
+                threading.Thread(target=channel.close, daemon=True).start()
 
 
 def make_handler(service: TargetService, token: Optional[str]):
@@ -340,7 +353,7 @@ def make_handler(service: TargetService, token: Optional[str]):
                         return self._json(200, service.open_data_plane(req, self.connection.getsockname()[0]))
                     with service.stats_lock:  # not the features lock: a long forward must not delay a goodbye
                         service.stats["disconnects"] += 1
-                    service.close_channel(req.get("session"))
+                    service.close_channel(req.get("session"), wait=False)
                     return self._json(200, {"ok": True})
                 frame = wire.decode(body, service.limits)
                 if path == "/vocab-map":
@@ -351,8 +364,8 @@ def make_handler(service: TargetService, token: Optional[str]):
                     self.wfile.flush()  # the client reads the header, then waits on the channel
                     after()
                 return
-            except wire.FrameError as e:
-                return self._json(e.status, {"error": str(e)})
+            except wire.FrameError as e:  # "redo": what a client should send again (409s)
+                return self._json(e.status, {"error": str(e), **({"redo": e.redo} if e.redo else {})})
             except TargetError as e:  # e.g. a layer id out of range: the request, not the server, is wrong
                 return self._json(422, {"error": str(e)})
             except Exception as e:  # an engine failure: answer instead of dropping the connection

@@ -53,12 +53,13 @@ if sys.byteorder != "little":  # raw tensor bytes are written in host order; the
 class FrameError(ValueError):
     """A frame is malformed or exceeds a limit; the message says which field and why.
 
-    ``status`` is the HTTP status a server answers with (400 malformed, 413 over a limit).
+    ``status`` is the HTTP status a server answers with (400 malformed, 413 over a limit); ``redo``
+    names what the client must send again before retrying (``vocab-map``, ``data-plane``), if anything.
     """
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, redo: Optional[str] = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.redo = status, redo
 
 
 @dataclass(frozen=True)

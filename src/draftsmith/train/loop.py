@@ -39,20 +39,32 @@ class TrainResult:
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
 
 
-def lr_lambda(warmup: int, total, min_ratio: float):
-    """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total`` optimizer steps.
+class Cosine:
+    """LR factor: linear warmup to 1, then cosine down to ``min_ratio`` at step ``end``.
 
-    ``total`` is an int or a zero-argument callable (the trainer re-fits it to a time budget).
+    The end can move while training (:meth:`refit`, used to fit a time budget): the cosine's
+    progress p is re-anchored at the current step, p(s) = p_a + (1 - p_a)(s - s_a)/(end - s_a), so
+    the LR stays continuous and never rises. LambdaLR saves and restores these attributes with
+    the scheduler state, so a resume continues the same curve.
     """
 
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        n = total() if callable(total) else total
-        progress = min(1.0, (step - warmup) / max(1, n - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.min_ratio = warmup, min_ratio
+        self.end, self.anchor_step, self.anchor_p = total, warmup, 0.0
 
-    return f
+    def progress(self, step: int) -> float:
+        span = max(1, self.end - self.anchor_step)
+        return min(1.0, max(0.0, self.anchor_p + (1.0 - self.anchor_p) * (step - self.anchor_step) / span))
+
+    def __call__(self, step: int) -> float:
+        if self.warmup > 0 and step < self.warmup:
+            return (step + 1) / self.warmup
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
+
+    def refit(self, step: int, end: int) -> None:
+        """From ``step`` on, reach ``min_ratio`` at ``end`` (> step); the factor at ``step`` is unchanged."""
+        anchor = max(step, self.warmup)
+        self.anchor_p, self.anchor_step, self.end = self.progress(anchor), anchor, max(end, anchor + 1)
 
 
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_aux: int) -> Eagle3Draft:
@@ -160,21 +172,29 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
-        # The cosine's length: total_steps, or where train.max_time_s is expected to stop the run
+        # The cosine ends at total_steps, or where train.max_time_s is expected to stop the run
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
-        self.schedule_steps = self.total_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.warmup_steps, lambda: self.schedule_steps, t.min_lr_ratio)
-        )
+        self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.step, self.epoch, self.batch_pos = 0, 0, 0  # batch_pos: micro-batches done in this epoch
         if saved is not None:
+            # batch_pos indexes this epoch's order: it must be the order the checkpoint was cut from.
+            was, now = saved["meta"].get("data_order"), self.data_order()
+            if was is not None and was != now:
+                diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
+                raise ckpt.CheckpointError(
+                    f"{resume_dir}: the data order changed since this checkpoint ({diff}); resume with the "
+                    f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
             self.draft.load_state_dict(saved["model_state"])
             self.optimizer.load_state_dict(saved["optim"]["optimizer"])
             self.scheduler.load_state_dict(saved["optim"]["scheduler"])
             ckpt.set_rng_state(saved["rng"])
             meta = saved["meta"]
             self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
-            self.schedule_steps = meta.get("schedule_steps", self.total_steps)
+            # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
+            # budget re-aims the curve at total_steps from here, without a jump.
+            if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
+                self.schedule.refit(self.step, self.total_steps)
         self.resumed_from = resume_dir
         self.writer = None
         if cfg.output.tensorboard:
@@ -305,6 +325,12 @@ class Trainer:
         return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
 
+    def data_order(self) -> dict:
+        """What fixes the order of micro-batches (checked on resume)."""
+        t = self.cfg.train
+        return {"train.seed": t.seed, "train.batch_size": t.batch_size, "train.group_by_length": t.group_by_length,
+                "train conversations": len(self.train_set)}
+
     def fit_schedule(self, elapsed: float, done: int, every: int = 25) -> None:
         """End the cosine at the step train.max_time_s is expected to stop at (re-estimated every
         ``every`` steps from the measured step time, never beyond total_steps)."""
@@ -312,7 +338,7 @@ class Trainer:
         if done % every or self.step <= t.warmup_steps:
             return
         reachable = self.step + int((t.max_time_s - elapsed) * done / elapsed)
-        self.schedule_steps = max(self.step + 1, min(self.total_steps, reachable))
+        self.schedule.refit(self.step, min(self.total_steps, reachable))
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -354,8 +380,8 @@ class Trainer:
         meta = {
             "data_epoch": self.epoch,  # where the data order resumes: (epoch, micro-batch position)
             "batch_pos": self.batch_pos,
+            "data_order": self.data_order(),
             "total_steps": self.total_steps,
-            "schedule_steps": self.schedule_steps,
             "aux_layer_ids": self.aux_ids,
             "target": self.cfg.target.path,
             "target_info": self.info.to_dict(),
