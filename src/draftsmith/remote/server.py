@@ -44,8 +44,8 @@ from typing import Callable, Optional
 import torch
 
 from draftsmith.remote import wire
-from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store, transfer_entries,
-                                    transfer_plan)
+from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store,
+                                    transfer_entries, transfer_plan)
 from draftsmith.targets import Batch
 from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
 
