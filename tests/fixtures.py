@@ -8,6 +8,7 @@ accepts it) plus the tokenizer as an ordinary HF checkpoint directory.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 CHATML_TEMPLATE = (
@@ -129,3 +130,10 @@ def save_peaked(model, tokenizer, path: str | Path) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+def write_jsonl(path: str | Path, rows) -> Path:
+    """Write ``rows`` (dicts) one JSON object per line, as chat data files are read."""
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

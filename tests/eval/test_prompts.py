@@ -7,14 +7,13 @@ import pytest
 
 from draftsmith.data.formats import DataError
 from draftsmith.eval.prompts import load_prompts, render_prompt
-from fixtures import make_tokenizer
+from fixtures import make_tokenizer, write_jsonl
 
 SHARED = Path("/work/shared/data/mt_bench.jsonl")
 
 
 def write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 def test_turns_rows_first_turn_unless_multi_turn(tmp_path):

@@ -1,6 +1,5 @@
 """The trainer's `train.spec_eval_every` hook logs real tau (engine-free decoding) next to simulated tau."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +9,7 @@ from draftsmith.data.dataset import Example
 from draftsmith.eval.offline import held_out_tau, trainer_spec_eval
 from draftsmith.train.loop import train
 from eval_helpers import AUX_IDS
-from fixtures import make_tiny_llama, make_tokenizer
+from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
 
 
 class Writer:
@@ -53,8 +52,7 @@ def test_trainer_runs_the_hook_every_n_steps_and_at_the_end(tmp_path, capsys):
     target = make_tiny_llama(tmp_path / "target", make_tokenizer("chatml"), num_layers=4, hidden=64)
     rows = [{"messages": [{"role": "user", "content": f"Tell me about {i}."},
                           {"role": "assistant", "content": f"The number {i} is quick and lazy."}]} for i in range(8)]
-    data = tmp_path / "chats.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_jsonl(tmp_path / "chats.jsonl", rows)
     cfg = build_config({
         "target": {"path": str(target), "aux_layer_ids": AUX_IDS},
         "data": {"sources": [str(data)], "max_length": 64, "eval_size": 2, "draft_vocab_size": 96},

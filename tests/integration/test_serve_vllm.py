@@ -31,7 +31,7 @@ from draftsmith.config import build_config  # noqa: E402
 from draftsmith.serve.export import export_draft  # noqa: E402
 from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
-from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
+from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 K = 3
@@ -121,8 +121,7 @@ def test_trained_draft_served_through_draftsmith_and_as_speculators_export(tmp_p
     want_all = hf_greedy(target, prompts, 48)
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": tok.decode(out)}]}
             for q, out in zip(questions, want_all)]
-    data = tmp_path / "chats.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_jsonl(tmp_path / "chats.jsonl", rows)
     cfg = build_config({
         "target": {"path": str(target), "aux_layer_ids": [1, 3, 4]},
         "data": {"sources": [str(data)], "max_length": 96, "eval_size": 2, "draft_vocab_size": 128},

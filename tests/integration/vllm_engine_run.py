@@ -64,12 +64,12 @@ def features(engine_name: str, target: Path, batch):
 def train_losses(engine_name: str, target: Path, out: Path) -> list:
     from draftsmith.config import build_config
     from draftsmith.train.loop import train
+    from fixtures import write_jsonl
 
     rows = [{"messages": [{"role": "user", "content": f"Tell me a joke about the number {i}."},
                           {"role": "assistant", "content": f"Why did {i} sit on the computer? To keep an eye on the mouse!"}]}
             for i in range(12)]
-    data = out / "chats.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_jsonl(out / "chats.jsonl", rows)
     target_cfg = {"path": str(target), "aux_layer_ids": AUX, "engine": engine_name}
     if engine_name == "vllm":
         target_cfg["engine_kwargs"] = {"max_model_len": 128}

@@ -1,13 +1,12 @@
 """A tiny training setup shared by the remote parity and fault tests."""
 
-import json
 from contextlib import contextmanager
 
 import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import build_config
-from fixtures import make_tiny_llama, make_tokenizer
+from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
 from remote_helpers import AUX, start_servers
 
 WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
@@ -19,8 +18,7 @@ def write_chats(path, n=16):
         a, b = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
         rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}."},
                                   {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy."}]})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 @contextmanager

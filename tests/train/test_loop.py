@@ -12,7 +12,7 @@ from draftsmith.config import build_config
 from draftsmith.data.dataset import Example
 from draftsmith.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from draftsmith.train.loop import Cosine, Trainer, train
-from fixtures import make_tiny_llama, make_tokenizer
+from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
 
 SUBJECTS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull", "wind", "computer"]
 
@@ -25,8 +25,7 @@ def write_chats(path, n=24):
             {"role": "user", "content": f"Tell me about the {a} and the {b}."},
             {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy. The {a} jumps over the {b}."},
         ]})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_jsonl(path, rows)
 
 
 @pytest.fixture(scope="module")
