@@ -187,7 +187,7 @@ class RemoteEngine:
             same_gpu = self._cuda_device is not None and self._info_raw.get("cuda_uuid") == cuda_uuid(self._cuda_device)
             try:
                 self.plane, self.plane_reason = choose_data_plane(
-                    data_plane, nccl_usable(), bool(self._info_raw.get("cuda")) and "nccl" in offered, offered, same_gpu)
+                    data_plane, self._cuda_device is not None, bool(self._info_raw.get("cuda")) and "nccl" in offered, offered, same_gpu)
             except ValueError as e:
                 raise RemoteError(f"target.remote_data_plane: {e}") from None
             if self.plane == "wire" and data_plane not in ("auto", "wire"):
