@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from draftsmith.remote.client import RemoteEngine
-from draftsmith.remote.nccl import Channel, join_store
+from draftsmith.remote.nccl import Channel, join_store, nccl_usable
 from draftsmith.targets.contract import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
@@ -76,6 +76,7 @@ def test_gloo_plane_supervision_bitwise_equal_to_co_located(pair, n_servers, pre
     assert torch.equal(raw.aux_hidden, ref.aux_hidden) and torch.equal(raw.logits, ref.logits)
 
 
+@pytest.mark.skipif(nccl_usable(), reason="this machine has CUDA (test_remote_nccl_gpu.py covers it)")
 def test_nccl_without_cuda_falls_back_to_the_wire_and_says_why(pair, capsys):
     target, _, servers = pair
     up(servers)
@@ -94,8 +95,11 @@ def test_handshake_input_is_checked(pair):
     up(servers)
     port = servers[0].port
     assert post_json(port, "/data-plane", {"session": "../etc", "plane": "gloo"})[0] == 422
-    status, data, _ = post_json(port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "nccl"})
-    assert status == 422 and "not offered" in json.loads(data)["error"]  # no CUDA on this server
+    if not nccl_usable():
+        status, data, _ = post_json(port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "nccl"})
+        assert status == 422 and "not offered" in json.loads(data)["error"]  # no CUDA on this server
+    status, data, _ = post_json(port, "/data-plane", {"session": uuid.uuid4().hex, "plane": "carrier-pigeon"})
+    assert status == 422
     assert post_json(port, "/data-plane", b"\xff{not json")[0] == 400
     assert post_json(port, "/data-plane", [1, 2])[0] == 400
     assert post_json(port, "/disconnect", b"garbage")[0] == 400

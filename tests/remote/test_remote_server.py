@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.remote import wire
 from draftsmith.remote.client import RemoteEngine, RemoteError
-from draftsmith.remote.server import ServeTargetError, check_bind, is_loopback
+from draftsmith.remote.server import ServeTargetError, check_bind, engine_device, is_loopback
 from draftsmith.targets.hf import HFEngine
 from fixtures import make_tiny_llama, make_tokenizer
 from remote_helpers import SRC, ServerProc
@@ -127,6 +127,16 @@ def test_bind_rules():
     check_bind("0.0.0.0", None, True)
     with pytest.raises(ServeTargetError, match="--auth-token-file F .* or --insecure"):
         check_bind("0.0.0.0", None, False)
+
+
+def test_device_choice():
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert engine_device("auto", "hf") == ("cuda" if n else "cpu")
+    assert engine_device("cpu", "hf") == "cpu" and engine_device("cuda:7", "vllm") is None  # vllm places itself
+    with pytest.raises(ServeTargetError, match=r"--device: 'tpu' is not a device; use auto, cpu, cuda or cuda:N"):
+        engine_device("tpu", "hf")
+    with pytest.raises(ServeTargetError, match=rf"--device: 'cuda:{n}' but this machine has {n} CUDA device"):
+        engine_device(f"cuda:{n}", "hf")
 
 
 def test_cli_refuses_a_public_bind_without_token_before_loading_the_target(tmp_path):

@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"], help="how the target runs here")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto",
+                   help="where the hf engine runs the target: auto (cuda when present, else cpu), cpu, cuda, "
+                        "cuda:N (vllm and sglang place the target themselves)")
     p.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, help="default layer ids (vLLM convention)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=8001, help="0 picks a free port (printed on the READY line)")

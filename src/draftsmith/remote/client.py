@@ -28,6 +28,7 @@ import atexit
 import http.client
 import itertools
 import json
+import os
 import socket
 import sys
 import threading
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from draftsmith.remote import wire
 from draftsmith.remote.nccl import Channel, choose_data_plane, cuda_uuid, join_store, nccl_usable, transfer_plan
+from draftsmith.remote.server import is_loopback
 from draftsmith.targets import Batch, Features, TargetInfo
 from draftsmith.targets.contract import Eagle3Supervision, TargetError
 
@@ -190,6 +192,10 @@ class RemoteEngine:
                     data_plane, self._cuda_device is not None, bool(self._info_raw.get("cuda")) and "nccl" in offered, offered, same_gpu)
             except ValueError as e:
                 raise RemoteError(f"target.remote_data_plane: {e}") from None
+            if self.plane == "nccl" and all(is_loopback(urlsplit(s.url).hostname or "") for s in self.servers):
+                # NCCL leaves lo out when it picks an interface; loopback servers are only reachable there
+                # (serve-target on loopback sets the same for its side).
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
             if self.plane == "wire" and data_plane not in ("auto", "wire"):
                 print(f"remote target: data plane {data_plane} not used ({self.plane_reason}); tensors travel over HTTP",
                       file=sys.stderr, flush=True)

@@ -68,6 +68,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def engine_device(spec: str, engine: str) -> Optional[str]:
+    """The device string for ``--device`` (None for engines that place the target themselves)."""
+    if engine != "hf":
+        return None
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ServeTargetError(f"--device: {spec!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= n:
+            raise ServeTargetError(f"--device: {spec!r} but this machine has {n} CUDA device(s); "
+                                   f"use {'cuda:0..cuda:' + str(n - 1) if n else 'cpu'} or auto")
+    return str(dev)
+
+
 def check_bind(host: str, token: Optional[str], insecure: bool) -> None:
     """Refuse a non-loopback bind without a token unless ``insecure`` says it is deliberate."""
     if not is_loopback(host) and not token and not insecure:
@@ -418,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.num_threads)
     from draftsmith.targets import open_engine
 
-    engine = open_engine(args.engine, args.target, dtype=args.dtype)
+    engine = open_engine(args.engine, args.target, dtype=args.dtype, device=engine_device(args.device, args.engine))
     limits = wire.Limits(max_body=args.max_body_mb << 20)
     if is_loopback(args.host):  # NCCL picks its own interfaces and skips lo: keep a loopback server on lo
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
