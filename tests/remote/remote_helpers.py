@@ -23,8 +23,10 @@ class ServerProc:
     def __init__(self, target, port: int = 0, extra=(), wait_s: float = 90.0, wait: bool = True):
         env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # The target on the CPU (also on a GPU machine): the parity tests compare against a co-located
+        # CPU target bit for bit. ``extra`` may say otherwise (the last --device wins).
         cmd = [sys.executable, "-m", "draftsmith.remote.server", "--target", str(target), "--host", "127.0.0.1",
-               "--port", str(port), "--aux-layer-ids", *map(str, AUX), *extra]
+               "--port", str(port), "--aux-layer-ids", *map(str, AUX), "--device", "cpu", *extra]
         self.target, self.extra, self.wait_s = target, list(extra), wait_s
         self.err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server can never block on it
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, env=env)
