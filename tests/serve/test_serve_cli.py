@@ -19,17 +19,25 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-@pytest.fixture
-def launched(monkeypatch):
-    """Replace the real server launch by a recorder."""
-    calls = []
-    monkeypatch.setattr(vllm_mod, "launch", lambda argv, env=None: calls.append(list(argv)) or 0)
-    return calls
+def fake_modules(monkeypatch, present=(), missing=()):
+    """Make find_spec report ``present`` importable and ``missing`` not; other names get the truth
+    (or what an earlier call of this made them)."""
+    real = vllm_mod.importlib.util.find_spec
+    monkeypatch.setattr(vllm_mod.importlib.util, "find_spec",
+                        lambda n, *a: None if n in missing else object() if n in present else real(n, *a))
 
 
 def fake_missing(monkeypatch, name):
-    real = vllm_mod.importlib.util.find_spec
-    monkeypatch.setattr(vllm_mod.importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))
+    fake_modules(monkeypatch, missing=(name,))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replace the real server launch by a recorder; vLLM then counts as installed (nothing imports it)."""
+    calls = []
+    monkeypatch.setattr(vllm_mod, "launch", lambda argv, env=None: calls.append(list(argv)) or 0)
+    fake_modules(monkeypatch, present=("vllm",))
+    return calls
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash", "jetspec", "standard", "sharded", "bin"])
@@ -89,10 +97,10 @@ def test_missing_safetensors_for_the_remap_exits_2(tmp_path, capsys, monkeypatch
     (["--draft", "EAGLE3"], "EAGLE-3 drafts need --num-speculative-tokens"),
     (["--draft", "org/hub-draft"], "is a hub id: pass --num-speculative-tokens"),
 ])
-def test_bad_input_exits_2_in_one_line(tmp_path, capsys, args, needle):
+def test_bad_input_exits_2_in_one_line(tmp_path, capsys, args, needle, launched):
     args = [str(sc.make("eagle3", tmp_path)) if a == "EAGLE3" else a for a in args]
     code, _, err = run(capsys, "serve", "vllm", "--target", "t", *args)
-    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and launched == []
 
 
 def test_real_launch_gets_the_exact_argv_and_the_export(tmp_path, capsys, launched):
@@ -129,8 +137,7 @@ def test_sglang_print_only_and_missing_engine(tmp_path, capsys, monkeypatch, lau
 
 
 def test_sglang_launch_writes_files_when_the_engine_is_present(tmp_path, capsys, monkeypatch, launched):
-    real = vllm_mod.importlib.util.find_spec
-    monkeypatch.setattr(vllm_mod.importlib.util, "find_spec", lambda n, *a: object() if n == "sglang" else real(n, *a))
+    fake_modules(monkeypatch, present=("sglang",))
     draft = sc.make("eagle3", tmp_path)
     code, _, err = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(draft), "--num-steps", "2")
     assert code == 0, err
