@@ -34,11 +34,11 @@ def transfers(servers) -> list:
     return [s.get("/health")["plane_transfers"] for s in servers]
 
 
-def counter_reaches(server, key: str, want: int, timeout_s: float = 5.0) -> int:
-    """``server``'s /health ``key`` once it reaches ``want`` (or its value at the timeout). The server
+def counter_reaches(servers, key: str, want: int, timeout_s: float = 5.0) -> int:
+    """The sum of /health ``key`` over ``servers`` once it reaches ``want`` (or at the timeout). A server
     counts a transfer after its send returns, which can be just after the client holds the tensors."""
     deadline = time.monotonic() + timeout_s
-    while (got := server.get("/health")[key]) < want and time.monotonic() < deadline:
+    while (got := sum(s.get("/health")[key] for s in servers)) < want and time.monotonic() < deadline:
         time.sleep(0.02)
     return got
 
@@ -64,10 +64,8 @@ def test_gloo_plane_supervision_bitwise_equal_to_co_located(pair, n_servers, pre
         eng.set_vocab_map(draft_ids)
         got = list(eng.eagle3_stream(iter(bs), AUX))
         raw = eng.features(bs[0], [0, 6], logits=True)  # raw-features mode rides the same channel
-    deadline = time.monotonic() + 5.0  # see counter_reaches: the last count may land just after
-    while sum(after := transfers(servers)) - sum(before) < len(bs) + 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sum(after) - sum(before) == len(bs) + 1  # every answer crossed the channel, none the wire
+    want = sum(before) + len(bs) + 1  # every answer crossed the channel, none the wire
+    assert counter_reaches(servers, "plane_transfers", want) == want
     for b, (rb, sup) in zip(bs, got):
         ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), draft_ids)
         for f in FIELDS:
@@ -151,7 +149,7 @@ def test_client_gone_mid_session_closes_it_and_the_server_stays_up(pair):
                                                                         "logits": True})))
     assert status == 200 and json.loads(bytes(data[12:]).decode().strip())["meta"]["plane"] == "gloo"
     # the failed send is noticed right after the header went out
-    assert counter_reaches(s, "plane_failures", failures + 1) == failures + 1
+    assert counter_reaches([s], "plane_failures", failures + 1) == failures + 1
     status, _, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid})))
     assert status == 409 and s.proc.poll() is None  # the session is gone, the server is not
 
@@ -202,7 +200,7 @@ def test_kill9_mid_run_over_gloo_same_weights_and_restart_rejoins(pair, tmp_path
         sup = eng.eagle3(b, AUX)
     ref_sup = eagle3_supervision(b, HFEngine(target).features(b, AUX, logits=True), None)
     assert all(torch.equal(getattr(sup, f), getattr(ref_sup, f)) for f in FIELDS)
-    assert counter_reaches(servers[0], "plane_transfers", 1) == 1
+    assert counter_reaches(servers[:1], "plane_transfers", 1) == 1
 
 
 def handshake_and_join(port, timeout_s=10.0):
@@ -239,7 +237,7 @@ def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair, monkey
             assert s.get("/health")["plane_transfers"] == 0
             time.sleep(3.0)  # past --data-plane-timeout-s: the abandoned handshakes gave their slots back
             eng.eagle3(batches(1)[0], AUX)
-            assert eng.servers[0].channel is not None and counter_reaches(s, "plane_transfers", 1) == 1
+            assert eng.servers[0].channel is not None and counter_reaches([s], "plane_transfers", 1) == 1
         # MAX_CHANNELS + 1 joined sessions: the oldest ready one is closed, the others still answer.
         opened = [handshake_and_join(s.port) for _ in range(MAX_CHANNELS + 1)]
         assert features_status(s.port, opened[0][0]) == 409

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -66,7 +65,7 @@ def test_nccl_supervision_bitwise_equal_to_co_located(gpu):
     target, _, cpu_servers, _ = gpu
     hf, bs = HFEngine(target), batches()
     draft_ids = torch.tensor(sorted(set(range(0, 384, 5)) | {7, 11}))
-    before = [s.get("/health")["plane_transfers"] for s in cpu_servers]
+    before = sum(s.get("/health")["plane_transfers"] for s in cpu_servers)
     with RemoteEngine(str(target), urls=[s.url for s in cpu_servers], prefetch_depth=2) as eng:  # auto
         assert eng.plane == "nccl", eng.plane_reason
         eng.set_vocab_map(draft_ids)
@@ -80,11 +79,7 @@ def test_nccl_supervision_bitwise_equal_to_co_located(gpu):
             assert t.dtype == getattr(ref, f).dtype and torch.equal(t.cpu(), getattr(ref, f)), f
     ref = hf.features(bs[0], [0, 6], logits=True)
     assert torch.equal(raw.aux_hidden.cpu(), ref.aux_hidden) and torch.equal(raw.logits.cpu(), ref.logits)
-    deadline = time.monotonic() + 5
-    while sum(s.get("/health")["plane_transfers"] for s in cpu_servers) - sum(before) < len(bs) + 1 \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sum(s.get("/health")["plane_transfers"] for s in cpu_servers) - sum(before) == len(bs) + 1
+    assert counter_reaches(cpu_servers, "plane_transfers", before + len(bs) + 1) == before + len(bs) + 1
 
 
 def test_cuda_target_over_nccl_equals_the_wire(gpu):
@@ -135,7 +130,7 @@ def test_client_killed_after_the_handshake_server_survives_and_serves_nccl(gpu):
         status, _, _ = post_json(s.port, "/features", bytes(batch_frame({"mode": "features", "session": sid,
                                                                             "logits": True})))
         assert status == 200
-        assert counter_reaches(s, "plane_failures", failures + 1, timeout_s=60) == failures + 1
+        assert counter_reaches([s], "plane_failures", failures + 1, timeout_s=60) == failures + 1
         assert s.proc.poll() is None and s.get("/health")["ok"]
         assert features_status(s.port, sid) == 409
     finally:
