@@ -162,7 +162,9 @@ def open_store(host: str, timeout_s: float):
 
     The socket is bound here and handed to the store, because a store that binds its own port
     listens on every interface, and a loopback-only server must not open a port beyond loopback.
-    The store owns the descriptor from then on and closes it when it is destroyed.
+    The store gets a duplicate of the descriptor and owns it (it closes it when destroyed, and
+    already has when its construction fails), so ours is closed here whatever happens: closing
+    the store's after a failure would close whatever number the process reused meanwhile.
     """
     import torch.distributed as dist
 
@@ -175,13 +177,9 @@ def open_store(host: str, timeout_s: float):
     except BaseException:
         sock.close()
         raise
-    fd = sock.detach()  # ownership moves to the store (closing it here too would close a reused number)
-    try:
+    with sock:  # the store's duplicate keeps the socket listening after ours is closed
         store = dist.TCPStore(host, port, 2, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=fd)
-    except BaseException:
-        os.close(fd)
-        raise
+                              timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=os.dup(sock.fileno()))
     return store, port
 
 
@@ -209,7 +207,7 @@ class Channel:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"data plane backend {backend!r}: expected nccl or gloo")
         self.backend, self.rank, self.peer, self.store = backend, rank, 1 - rank, store
-        self.ready = False  # set once the probe went through
+        self.ready = False  # set once both ranks joined (server: as its probe goes out)
         self.lock = threading.RLock()  # one transfer at a time (sends and receives pair up in order); close waits
         self.timeout = datetime.timedelta(seconds=timeout_s)
         if backend == "nccl":
@@ -264,8 +262,10 @@ class Channel:
         return out
 
     def send_probe(self) -> None:
-        self._send(torch.frombuffer(bytearray(PROBE), dtype=torch.uint8).to(self.device))
+        # Ready (evictable) from here: both ranks joined the group. Marked before the send, because
+        # the client can hold the probe, and open its next session, before our send returns.
         self.ready = True
+        self._send(torch.frombuffer(bytearray(PROBE), dtype=torch.uint8).to(self.device))
 
     def recv_probe(self) -> None:
         buf = torch.zeros(len(PROBE), dtype=torch.uint8, device=self.device)
