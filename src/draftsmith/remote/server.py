@@ -221,9 +221,9 @@ class TargetService:
                 with self.stats_lock:
                     self.stats["plane_transfers"] += 1
             except Exception as e:  # the client died or timed out: its session is over
+                self.close_channel(session)  # before the count, so a counted failure is a closed session
                 with self.stats_lock:
                     self.stats["plane_failures"] += 1
-                self.close_channel(session)
                 print(f"serve-target: data-plane session {session[:8]} closed: {e.__class__.__name__}: "
                       f"{str(e)[:200]}", file=sys.stderr, flush=True)
 
