@@ -81,7 +81,7 @@ def engine_device(spec: str, engine: str) -> Optional[str]:
     if dev is None or dev.type not in ("cpu", "cuda"):
         raise ServeTargetError(f"--device: {spec!r} is not a device; use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        n = torch.cuda.device_count()  # 0 without CUDA
         if (dev.index or 0) >= n:
             raise ServeTargetError(f"--device: {spec!r} but this machine has {n} CUDA device(s); "
                                    f"use {'cuda:0..cuda:' + str(n - 1) if n else 'cpu'} or auto")
