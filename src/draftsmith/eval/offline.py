@@ -24,9 +24,10 @@ import torch
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
 from draftsmith.eval import EvalError
-from draftsmith.eval.prompts import EvalPrompt, load_prompts, render_prompt
+from draftsmith.eval.prompts import EvalPrompt, describe_prompts, load_prompts, render_prompt
 from draftsmith.eval.report import acceptance_stats, build_report
 from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, generate_speculative
+from draftsmith.weights import read_tensors
 
 EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
 
@@ -167,8 +168,6 @@ def load_eagle3_draft(path: str | Path, target_embeddings: Optional[torch.Tensor
     ``target_embeddings`` (V, H) fills ``embed_tokens`` for drafts saved without it (they share
     the target's, as vLLM does). ``t2d`` is rebuilt from ``d2t`` when an export dropped it.
     """
-    from safetensors.torch import load_file
-
     d = resolve_draft_dir(path)
     config = json.loads((d / "config.json").read_text())
     arch = (config.get("architectures") or ["?"])[0]
@@ -181,7 +180,7 @@ def load_eagle3_draft(path: str | Path, target_embeddings: Optional[torch.Tensor
         raise EvalError(f"{d / 'config.json'}: eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
                         "add the target layer ids the draft was trained on")
     draft = Eagle3Draft(Eagle3Config.from_export(config))
-    state = {_draft_key(k): v for k, v in load_file(str(d / "model.safetensors")).items()}
+    state = {_draft_key(k): v for k, v in read_tensors(d / "model.safetensors").items()}
     if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
         t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(draft.cfg.draft_vocab_size) + state["d2t"].long()] = True
@@ -263,6 +262,8 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, tem
                         "k and max-new-tokens must be >= 1 and the temperature >= 0")
     items = load_prompts(prompts, multi_turn=multi_turn, limit=limit)
     draft_dir = resolve_draft_dir(draft)
+    if progress:  # stdout: stderr stays for progress lines and the one-line errors
+        print(describe_prompts(items, prompts), flush=True)
     target = target or target_from_draft(draft_dir)
     if not target:
         raise EvalError(f"--target is required: {draft_dir} records no target in a meta.json")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from draftsmith.weights import read_tensors
+
 from .resolve import Draft, ServeError, is_dflash_family, weight_shapes
 
 EAGLE_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
@@ -162,15 +164,11 @@ def check_vocab_map(draft: Draft, cfg: dict, shapes: dict, tgt: Optional[TargetF
         out.append("weights: d2t maps two draft ids to the same target id; rebuild the vocab map (sorted unique ids)")
     t2d_shape = _shape(shapes, "t2d")
     if t2d_shape is not None:
-        from safetensors import safe_open
-
         t2d = None
         for f in draft.weight_files:
             if f.suffix == ".safetensors":
-                with safe_open(str(f), framework="pt") as h:
-                    for key in ("t2d", "model.t2d"):
-                        if key in h.keys():
-                            t2d = h.get_tensor(key).bool()
+                for t in read_tensors(f, ("t2d", "model.t2d")).values():
+                    t2d = t.bool()
         if t2d is not None:
             inside = targets[(targets >= 0) & (targets < t2d.numel())]
             named = t2d.new_zeros(t2d.shape)

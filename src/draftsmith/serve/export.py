@@ -3,8 +3,9 @@
 Why a copy at all: vLLM's EAGLE-3 loader (``vllm/model_executor/models/llama_eagle3.py``, 0.32,
 ``load_weights``) prepends ``model.`` to every name except ``lm_head``/``d2t``/``mask_hidden``, so the
 ``model.``-prefixed names draftsmith saves (the NeMo AutoModel layout) would become ``model.model.*``
-and be dropped. The copy strips that prefix, keeps ``lm_head.weight``, ``d2t`` (vLLM maps draft id ->
-target id as ``id + d2t[id]``) and ``mask_hidden``, and drops ``t2d`` (vLLM skips it).
+and be dropped. The copy strips that prefix and keeps ``lm_head.weight``, ``d2t`` (vLLM maps draft id ->
+target id as ``id + d2t[id]``), ``mask_hidden`` and ``t2d`` unchanged: vLLM skips ``t2d``, but the
+serving contract carries it for other readers (doctor, SGLang's token map, other tools).
 
 Cached exports (``serve``): the copy lives in ``<draft dir>/vllm_export/`` (``sglang_export/`` for
 SGLang) with a stamp file holding a fingerprint of every source weight file (name, size, mtime) and
@@ -25,23 +26,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from draftsmith.weights import read_tensors
+
 from .resolve import TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, resolve_draft
 
 VLLM_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
-EXPORT_VERSION = 1  # bump when the copy format changes so old caches rebuild
+EXPORT_VERSION = 2  # 2: t2d is carried. Bump when the copy format changes so old caches rebuild
 STAMP = "draftsmith_export.json"
 # On-disk draftsmith name -> vLLM name: only the `model.` prefix changes; top-level tensors keep
-# their names, t2d is dropped (vLLM and SGLang both skip it).
-TOP_LEVEL_KEYS = ("lm_head.weight", "d2t", "mask_hidden")
-DROPPED_KEYS = ("t2d",)
+# their names (vLLM reads lm_head, d2t, mask_hidden and skips t2d, which is carried for other readers).
+TOP_LEVEL_KEYS = ("lm_head.weight", "d2t", "t2d", "mask_hidden")
 
 KeyMap = Callable[[str], Optional[str]]
 
 
 def vllm_key(name: str) -> str | None:
-    """Map one draftsmith weight name to vLLM's, or None when vLLM does not read it."""
-    if name in DROPPED_KEYS:
-        return None
+    """Map one draftsmith weight name to vLLM's (every weight is kept)."""
     if name in TOP_LEVEL_KEYS:
         return name
     return name[len("model."):] if name.startswith("model.") else name
@@ -80,16 +80,6 @@ def require_safetensors() -> None:
                                 f"run `pip install safetensors torch==2.13.0` (or pass a draft without the model. prefix)")
 
 
-def _load(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def _save(state: dict, path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -115,7 +105,7 @@ def write_weights(draft: Draft, tmp: Path, key_map: KeyMap) -> None:
     require_safetensors()
     assert draft.dir is not None
     if draft.index is None:  # one file (safetensors or pytorch_model.bin) -> model.safetensors
-        _save(_rename(_load(draft.weight_files[0]), key_map, draft.weight_files[0]), tmp / "model.safetensors")
+        _save(_rename(read_tensors(draft.weight_files[0]), key_map, draft.weight_files[0]), tmp / "model.safetensors")
         return
     # Sharded: rename shard by shard; a .bin shard becomes a .safetensors shard of the same stem.
     shard_names: dict[str, str] = {}
@@ -124,7 +114,7 @@ def write_weights(draft: Draft, tmp: Path, key_map: KeyMap) -> None:
     for shard in draft.weight_files[1:]:
         new_name = shard.name if shard.suffix == ".safetensors" else shard.stem + ".safetensors"
         shard_names[shard.name] = new_name
-        state = _rename(_load(shard), key_map, shard)
+        state = _rename(read_tensors(shard), key_map, shard)
         _save(state, tmp / new_name)
         total += sum(t.numel() * t.element_size() for t in state.values())
         weight_map.update({k: new_name for k in state})

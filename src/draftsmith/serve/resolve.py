@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from draftsmith.weights import read_tensors
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
@@ -172,6 +174,12 @@ def safetensors_header(path: Path) -> dict:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ServeError(f"{path}: corrupt safetensors header; re-export the draft") from None
     header.pop("__metadata__", None)
+    # The tensors' bytes follow the header; a file cut short in them still has a valid header.
+    end = 8 + n + max((int(v["data_offsets"][1]) for v in header.values() if isinstance(v, dict)), default=0)
+    size = path.stat().st_size
+    if size < end:
+        raise ServeError(f"{path}: truncated safetensors file ({size} of {end} bytes); re-export the draft "
+                         "or use another checkpoint")
     return header
 
 
@@ -185,9 +193,7 @@ def weight_shapes(draft: Draft) -> dict[str, tuple[int, ...]]:
         if f.suffix == ".safetensors":
             shapes.update({k: tuple(v["shape"]) for k, v in safetensors_header(f).items()})
         else:
-            import torch
-
-            state = torch.load(f, map_location="cpu", weights_only=True)
+            state = read_tensors(f)
             shapes.update({k: tuple(v.shape) for k, v in state.items()})
     return shapes
 

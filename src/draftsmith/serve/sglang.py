@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from draftsmith.weights import read_tensors
+
 from .export import Prepared, prepare_cached
 from .resolve import Draft, ServeError, draft_family, is_dflash_family
 
@@ -93,23 +95,13 @@ def draft_ids(draft: Draft):
         shard = draft.index["weight_map"].get("d2t") or draft.index["weight_map"].get("model.d2t")
         files = [draft.dir / shard] if shard else []
     for f in files:
-        if f.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(f), framework="pt") as h:
-                for key in ("d2t", "model.d2t"):
-                    if key in h.keys():
-                        d2t = h.get_tensor(key)
-        else:
-            state = torch.load(f, map_location="cpu", weights_only=True)
-            d2t = state.get("d2t", state.get("model.d2t"))
+        for t in read_tensors(f, ("d2t", "model.d2t")).values():
+            d2t = t
     if d2t is not None:
         return torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)  # target = draft + d2t[draft]
     root = draft.checkpoint_root()
     if root is not None and (root / "vocab.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        vocab = load_file(str(root / "vocab.safetensors"))
+        vocab = read_tensors(root / "vocab.safetensors")
         if "draft_ids" in vocab and vocab["draft_ids"].numel() < int(draft.config.get("vocab_size", 0) or 1 << 62):
             return vocab["draft_ids"].to(torch.int64)
     if draft.config.get("draft_vocab_size") and draft.config.get("draft_vocab_size") != draft.config.get("vocab_size"):

@@ -58,8 +58,8 @@ def mask_token(config: dict) -> Optional[int]:
 def reject_domino(config: dict) -> None:
     if draft_family(config) == "domino":
         raise ServeError("draft is a Domino DFlash draft (dflash_config.projector_type: domino): its GRU correction "
-                         "head has no implementation in vLLM or SGLang; evaluate it offline (draftsmith eval) or "
-                         "train a plain DFlash/JetSpec draft to serve")
+                         "head has no implementation in vLLM or SGLang, and draftsmith cannot evaluate DFlash-family "
+                         "drafts yet; serve a plain DFlash or JetSpec draft instead")
 
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:

@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import torch
 
+from draftsmith.weights import CheckpointError, read_tensors  # noqa: F401  (CheckpointError is re-exported)
+
 MODEL_SUBDIR = Path("model") / "consolidated"
 REQUIRED_FILES = (
     MODEL_SUBDIR / "config.json",
@@ -36,9 +38,6 @@ REQUIRED_FILES = (
     Path("meta.json"),
 )
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the path and the fix."""
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -134,9 +133,6 @@ def resolve_resume(path: Path) -> Path:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load and verify a checkpoint directory written by :func:`save_checkpoint`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path)
     missing = [str(f) for f in REQUIRED_FILES if not (path / f).is_file()]
     if missing:
@@ -144,14 +140,14 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"checkpoint '{path}' is incomplete (missing {', '.join(missing)}); "
             "resume from another epoch_*_step_* directory or from LATEST"
         )
+    model_state = read_tensors(path / MODEL_SUBDIR / "model.safetensors")
+    vocab = read_tensors(path / "vocab.safetensors")
     try:
-        model_state = load_file(str(path / MODEL_SUBDIR / "model.safetensors"))
-        vocab = load_file(str(path / "vocab.safetensors"))
         config = json.loads((path / MODEL_SUBDIR / "config.json").read_text())
         meta = json.loads((path / "meta.json").read_text())
         optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
-    except (SafetensorError, json.JSONDecodeError, RuntimeError, EOFError, OSError) as e:
+    except (json.JSONDecodeError, RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(
             f"checkpoint '{path}' is corrupt or truncated ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
             "resume from another checkpoint"

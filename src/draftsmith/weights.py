@@ -1,0 +1,51 @@
+"""Reading weight files of drafts and checkpoints, with one error for every command.
+
+``train --resume``, ``eval``, ``export``, ``serve`` and ``doctor`` all read the same files
+(``model.safetensors``, shards, ``pytorch_model.bin``, ``vocab.safetensors``). A truncated or corrupt
+file must end each of them the same way: one line naming the file, what is wrong and what to do,
+exit 2 (:class:`CheckpointError` is one of the CLI's user errors). Nothing here imports torch at
+module import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or weight file that cannot be used; the message names the path and the fix."""
+
+
+def _unreadable(path: Path, e: BaseException) -> CheckpointError:
+    detail = (str(e).splitlines() or [type(e).__name__])[0][:120]
+    return CheckpointError(f"{path}: corrupt or truncated weights file ({type(e).__name__}: {detail}); use another "
+                           "checkpoint, or re-save / re-export this one")
+
+
+def read_tensors(path: str | Path, keys: Optional[Iterable[str]] = None) -> dict:
+    """Tensors of a ``.safetensors`` or torch (``.bin``/``.pt``, weights only) file, on the CPU.
+
+    ``keys`` reads only those names that the file holds (a safetensors file then reads just their
+    bytes); None reads everything. Any failure to read is a one-line :class:`CheckpointError`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file not found; point at a complete checkpoint")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys()) if keys is None else [k for k in keys if k in set(f.keys())]
+                return {k: f.get_tensor(k) for k in names}
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise TypeError(f"expected a dict of tensors, got {type(state).__name__}")
+        return dict(state) if keys is None else {k: state[k] for k in keys if k in state}
+    except CheckpointError:
+        raise
+    except Exception as e:  # SafetensorError, pickle/zip errors, OSError: all mean an unusable file
+        raise _unreadable(path, e) from None
