@@ -6,7 +6,7 @@ Same target (SmolLM2-135M-Instruct), same draft (the demo's checkpoints/LATEST f
 its vLLM copy for the server), same token ids (rendered once with the target's chat template and sent
 to /v1/completions), same K, greedy, fp32, ignore_eos so both generate exactly --max-new-tokens.
 Prompts: the first turn of --per-category MT-Bench questions per category from
-../shared/data/mt_bench.jsonl when present (else a built-in list), or --prompts FILE.
+the shipped MT-Bench set, or --prompts SET|FILE (gsm8k, humaneval, a file).
 vLLM's tau comes from its /metrics counter diffs (1 + accepted/drafts), the evaluator's from its
 own verification rounds. Prints both, their relative difference (goal: within 5%), per-position
 rates and how many generations are token-identical; writes runs/bench/eval_fidelity.json.
@@ -27,25 +27,16 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 
-BUILTIN = ["Explain how a hash map works and when you would use one.", "Write a short poem about autumn leaves.",
-           "What are the main causes of inflation?", "Give me three tips for learning a new language.",
-           "Describe the water cycle in simple terms.", "How do I reverse a list in Python? Show an example.",
-           "Why is the sky blue?", "Write an email asking a colleague to review my report."]
-
-
 def pick_prompts(path: str | None, per_category: int):
-    from draftsmith.eval.prompts import EvalPrompt, load_prompts
+    from draftsmith.eval.prompts import load_prompts
 
-    default = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
-    if path is None and not default.is_file():
-        return [EvalPrompt(f"builtin-{i}", "builtin", [q]) for i, q in enumerate(BUILTIN)], "built-in list"
-    src = Path(path) if path else default
+    src = path or "mt_bench"  # shipped with draftsmith
     chosen, seen = [], {}
     for p in load_prompts(src):
         if seen.get(p.category, 0) < per_category:
             seen[p.category] = seen.get(p.category, 0) + 1
             chosen.append(p)
-    return chosen, str(src)
+    return chosen, src
 
 
 def vllm_copy(run: Path, tmp: Path) -> Path:
@@ -87,7 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", default=str(ROOT / "runs" / "demo"), help="run dir (checkpoints/LATEST, vllm_draft)")
     ap.add_argument("--target", default="smollm2")
-    ap.add_argument("--prompts", default=None, help="prompt file (default: MT-Bench, --per-category per category)")
+    ap.add_argument("--prompts", default=None, help="shipped set (mt_bench, gsm8k, humaneval) or prompt file (default: mt_bench, --per-category per category)")
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("-k", type=int, default=3)

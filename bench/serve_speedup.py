@@ -6,7 +6,7 @@ One vLLM OpenAI server per configuration, the same target (SmolLM2-135M-Instruct
 the same prompts sent one at a time (batch 1), greedy. Per configuration: output tokens/s over all
 prompts (after one warm-up request), and tau = 1 + accepted / drafts from the /metrics counter
 diffs (vLLM's `vllm:spec_decode_num_*_total`). Prompts: the first turn of the first N MT-Bench
-questions from ../shared/data/mt_bench.jsonl when that file exists, else a built-in list. The EAGLE-3
+questions (`--prompt-set`, default `mt_bench`, shipped with draftsmith; gsm8k, humaneval or a file). The EAGLE-3
 server is launched exactly as `draftsmith serve vllm` would (plan_vllm: resolution + vllm_export/).
 Writes runs/bench/serve_speedup.json and prints a table.
 """
@@ -26,28 +26,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
 
-BUILTIN_PROMPTS = [
-    "Explain how a hash map works and when you would use one.",
-    "Write a short poem about autumn leaves.",
-    "What are the main causes of inflation?",
-    "Give me three tips for learning a new language.",
-    "Describe the water cycle in simple terms.",
-    "How do I reverse a list in Python? Show an example.",
-    "What is the difference between weather and climate?",
-    "Summarize the plot of Romeo and Juliet in a few sentences.",
-    "Why is the sky blue?",
-    "Write an email asking a colleague to review my report.",
-]
 COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
             "vllm:spec_decode_num_accepted_tokens_total")
 
 
-def load_prompts(n: int) -> tuple[list[str], str]:
-    path = ROOT.parent / "shared" / "data" / "mt_bench.jsonl"
-    if path.is_file():
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [r["turns"][0] for r in rows[:n]], str(path)
-    return BUILTIN_PROMPTS[:n], "built-in list"
+def load_prompts(n: int, prompt_set: str) -> tuple[list[str], str]:
+    """The first user turn of the first ``n`` prompts of a shipped set (or a prompt file)."""
+    from draftsmith.eval.prompts import load_prompts as load_set
+
+    return [p.turns[0] for p in load_set(prompt_set, limit=n)], prompt_set
 
 
 def http(url: str, body: dict | None = None, timeout: float = 600.0) -> str:
@@ -104,6 +91,7 @@ def main() -> int:
     ap.add_argument("--draft", default=str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST"))
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--prompt-set", default="mt_bench", help="mt_bench | gsm8k | humaneval | a prompt file")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, nargs="+", default=[3],
                     help="K for ngram and the draft; several values run one server per K (default 3)")
@@ -132,7 +120,7 @@ def main() -> int:
         return 2
     target = resolve_target(args.target)
     tok = AutoTokenizer.from_pretrained(target)
-    texts, source = load_prompts(args.prompts)
+    texts, source = load_prompts(args.prompts, args.prompt_set)
     prompts = []
     for q in texts:
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)

@@ -1,15 +1,14 @@
 """Prompt files: MT-bench style turns, OpenAI / ShareGPT conversations, rendering, one-line errors."""
 
 import json
-from pathlib import Path
+from collections import Counter
 
 import pytest
 
 from draftsmith.data.formats import DataError
-from draftsmith.eval.prompts import load_prompts, render_prompt
+from draftsmith.eval.prompts import PROMPT_SET_DIR, PROMPT_SETS, load_prompts, render_prompt
 from fixtures import make_tokenizer, write_jsonl
 
-SHARED = Path("/work/shared/data/mt_bench.jsonl")
 
 
 def write(path, rows):
@@ -67,8 +66,33 @@ def test_render_uses_the_chat_template_without_extra_bos():
     assert tok.decode(ids) == text and ids.count(tok.bos_token_id) == 1
 
 
-@pytest.mark.skipif(not SHARED.is_file(), reason="shared MT-bench file not present")
-def test_shared_mt_bench_file_loads():
-    prompts = load_prompts(SHARED)
-    assert len(prompts) == 80 and all(len(p.turns) == 1 for p in prompts)
-    assert len({p.category for p in prompts}) == 8
+@pytest.mark.parametrize("name, rows, first_id, last_id, categories, turns", [
+    ("mt_bench", 80, "mt_bench-81", "mt_bench-160",
+     {"writing": 10, "roleplay": 10, "reasoning": 10, "math": 10, "coding": 10, "extraction": 10, "stem": 10,
+      "humanities": 10}, 2),
+    ("gsm8k", 200, "gsm8k-test-0", "gsm8k-test-199", {"math": 200}, 1),
+    ("humaneval", 164, "HumanEval-0", "HumanEval-163", {"coding": 164}, 1),
+])
+def test_shipped_sets_load_by_name(name, rows, first_id, last_id, categories, turns):
+    prompts = load_prompts(name, multi_turn=True)
+    assert len(prompts) == rows and (prompts[0].id, prompts[-1].id) == (first_id, last_id)
+    assert len({p.id for p in prompts}) == rows
+    assert dict(Counter(p.category for p in prompts)) == categories
+    assert {len(p.turns) for p in prompts} == {turns} and all(t.strip() for p in prompts for t in p.turns)
+    assert [p.turns[:1] for p in load_prompts(name)] == [p.turns[:1] for p in prompts]  # first turn by default
+    # each set's license ships beside it
+    assert PROMPT_SET_DIR.joinpath(PROMPT_SETS[name]).is_file()
+    assert len(list(PROMPT_SET_DIR.glob("LICENSE.*"))) == 3
+
+
+def test_unknown_set_name_lists_the_shipped_sets(tmp_path):
+    with pytest.raises(DataError, match="'mtbench' not found \\(neither a file nor a shipped prompt set\\); pass one of "
+                                        "mt_bench, gsm8k, humaneval"):
+        load_prompts("mtbench")
+
+
+def test_non_utf8_prompt_file_names_the_offset(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"turns": ["caf\xe9"]}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl: not UTF-8 text \(byte 0xe9 at offset 15\)"):
+        load_prompts(f)

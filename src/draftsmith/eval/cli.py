@@ -40,10 +40,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_bench_server(args: argparse.Namespace) -> int:
     from draftsmith.eval.online import HttpClient, bench_server
-    from draftsmith.eval.prompts import load_prompts, render_prompt
+    from draftsmith.eval.prompts import describe_prompts, load_prompts, render_prompt
     from draftsmith.eval.report import format_table, write_report
 
     prompts = load_prompts(args.prompts, multi_turn=args.multi_turn, limit=args.limit)
+    print(describe_prompts(prompts, args.prompts), flush=True)
     render = None
     if args.api == "completions":
         from draftsmith.eval import EvalError
@@ -68,9 +69,10 @@ def cmd_bench_server(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", required=True, metavar="FILE",
-                   help="JSONL of {id, category, turns} (first turn unless --multi-turn) or OpenAI/ShareGPT "
-                        "conversations (the last user turn, earlier turns as context)")
+    p.add_argument("--prompts", required=True, metavar="SET|FILE",
+                   help="a shipped set (mt_bench, gsm8k, humaneval) or a JSONL of {id, category, turns} (first "
+                        "turn unless --multi-turn) or OpenAI/ShareGPT conversations (the last user turn, earlier "
+                        "turns as context)")
     p.add_argument("--multi-turn", action="store_true", help="ask every turn, each after the answer to the previous")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N prompts")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")

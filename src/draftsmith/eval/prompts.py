@@ -9,6 +9,11 @@ Accepted rows (``.jsonl``, one per line, or ``.json`` holding a list of rows):
   LAST user turn is kept as context and that turn is the prompt (later assistant text is dropped).
 
 ``id`` defaults to ``<file stem>-<row index>``, ``category`` to ``"default"``.
+
+Three sets ship inside the package (``prompt_sets/``, licenses beside them), named by
+:data:`PROMPT_SETS`: ``mt_bench`` (80 MT-Bench questions, 8 categories, two turns each),
+``gsm8k`` (the first 200 GSM8K test problems) and ``humaneval`` (164 HumanEval functions).
+Wherever a prompt file is taken (``--prompts``), one of these names works too.
 """
 
 from __future__ import annotations
@@ -19,8 +24,29 @@ from pathlib import Path
 from typing import Any, Optional
 
 from draftsmith.data.formats import ROLE_ALIASES, DataError, _content_text
+from draftsmith.data.sources import read_utf8
 
-__all__ = ["EvalPrompt", "load_prompts", "parse_prompt_row", "render_prompt"]
+__all__ = ["EvalPrompt", "PROMPT_SETS", "describe_prompts", "load_prompts", "parse_prompt_row", "prompt_set_path", "render_prompt"]
+
+# Short name -> file under prompt_sets/ (shipped as package data, so no checkout of ../shared is needed).
+PROMPT_SETS = {"mt_bench": "mt_bench.jsonl", "gsm8k": "gsm8k_test_200.jsonl", "humaneval": "humaneval.jsonl"}
+PROMPT_SET_DIR = Path(__file__).resolve().parent / "prompt_sets"
+
+
+def prompt_set_path(name_or_path: str | Path) -> Path:
+    """A shipped set's short name (``mt_bench``, ``gsm8k``, ``humaneval``) -> its file; anything else is a path.
+
+    A name that is neither a shipped set nor an existing file is refused with the names that work.
+    """
+    key = str(name_or_path)
+    if key in PROMPT_SETS:
+        return PROMPT_SET_DIR / PROMPT_SETS[key]
+    path = Path(key)
+    if not path.is_file():
+        raise DataError(f"--prompts: '{key}' not found (neither a file nor a shipped prompt set); pass one of "
+                        f"{', '.join(PROMPT_SETS)} or a .jsonl of {{id, category, turns}} rows or "
+                        "OpenAI/ShareGPT conversations")
+    return path
 
 
 @dataclass
@@ -66,12 +92,10 @@ def parse_prompt_row(row: Any, default_id: str, multi_turn: bool = False) -> Eva
 
 
 def load_prompts(path: str | Path, *, multi_turn: bool = False, limit: Optional[int] = None) -> list[EvalPrompt]:
-    """Read a prompt file (``.jsonl`` or ``.json`` list); ``limit`` keeps the first N prompts."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"--prompts: file '{path}' not found; pass a .jsonl of {{id, category, turns}} rows "
-                        "or OpenAI/ShareGPT conversations")
-    text = path.read_text()
+    """Read a prompt file (``.jsonl`` or ``.json`` list) or a shipped set by name (:data:`PROMPT_SETS`);
+    ``limit`` keeps the first N prompts."""
+    path = prompt_set_path(path)
+    text = read_utf8(path)
     rows: list[tuple[str, Any]] = []
     if text.lstrip().startswith("["):
         try:
@@ -98,6 +122,16 @@ def load_prompts(path: str | Path, *, multi_turn: bool = False, limit: Optional[
     if not prompts:
         raise DataError(f"{path}: no prompts found; the file is empty")
     return prompts
+
+
+def describe_prompts(prompts: list[EvalPrompt], source: str | Path) -> str:
+    """One line: how many prompts from where, per category, and how many turns are asked."""
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.category] = counts.get(p.category, 0) + 1
+    cats = ", ".join(f"{c} {n}" for c, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    turns = sum(len(p.turns) for p in prompts)
+    return f"prompts: {len(prompts)} from {source} ({cats}; {turns} turns asked)"
 
 
 def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
