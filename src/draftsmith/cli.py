@@ -27,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from draftsmith.train.loop import train
 
     cfg = load_config(args.config, args.set + ([f"target.engine={args.engine}"] if args.engine else []))
-    result = train(cfg, resume=args.resume, progress=not args.no_progress)
+    result = train(cfg, resume=args.resume, progress=not args.no_progress, announce=print)
     ev = result.eval
     print(f"trained {result.step} steps ({result.tokens} tokens, {result.tokens_per_s:.0f} tok/s, {result.wall_s:.0f} s)")
     if ev:

@@ -108,8 +108,19 @@ def iter_json_array(fp: TextIO, chunk_chars: int = 1 << 20) -> Iterator[Any]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[Row]:
-    with open(path, encoding="utf-8") as fp:
-        for lineno, line in enumerate(fp, 1):
+    # Lines are read as bytes and decoded one by one: a line that is not UTF-8 is one bad row,
+    # not the end of the file.
+    offset = 0  # byte offset of the current line, for the error message
+    with open(path, "rb") as fp:
+        for lineno, raw in enumerate(fp, 1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield BadRow(f"{path}:{lineno}", "not UTF-8",
+                             f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {start + e.start}); "
+                             "re-encode the file as UTF-8")
+                continue
             if not line.strip():
                 continue
             try:
@@ -118,10 +129,20 @@ def _iter_jsonl(path: Path) -> Iterator[Row]:
                 yield BadRow(f"{path}:{lineno}", "invalid JSON", f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
 
 
+def read_utf8(path: Path) -> str:
+    """The whole file as text; a file that is not UTF-8 is a one-line DataError naming the byte offset."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                        "re-encode the file as UTF-8 (or convert it to .jsonl so bad rows can be skipped)",
+                        kind="not UTF-8") from None
+
+
 def _iter_json(path: Path) -> Iterator[Row]:
     try:
-        with open(path, encoding="utf-8") as fp:
-            data = json.load(fp)
+        data = json.loads(read_utf8(path))
     except json.JSONDecodeError as e:
         raise DataError(
             f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); "

@@ -42,9 +42,8 @@ def run_demo(minutes: float = 15.0, output: str = "runs/demo", max_rows: int = 4
     setup_s = time.perf_counter() - t0
     # The loop gets what setup and the final eval/save leave of the budget.
     trainer.cfg.train.max_time_s = max(30.0, minutes * 60 - setup_s - EVAL_RESERVE_S)
-    print(f"setup {setup_s:.0f} s: {len(trainer.train_set)} train / {len(trainer.eval_set)} held-out conversations, "
-          f"draft vocab {trainer.vocab.draft_ids.numel()} (coverage {trainer.vocab.coverage:.3f}), "
-          f"aux layers {trainer.aux_ids}; training for up to {trainer.cfg.train.max_time_s:.0f} s")
+    print(f"setup took {setup_s:.0f} s")
+    print("\n".join(trainer.describe()))
     try:
         result = trainer.run()
     finally:

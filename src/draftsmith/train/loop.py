@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -99,6 +99,14 @@ def remote_options(cfg: RunConfig) -> dict:
             "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
             "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file,
             "data_plane": t.remote_data_plane}
+
+
+def reachable_step(step: int, total_steps: int, max_time_s: float, elapsed: float, done: int) -> int:
+    """The step a time-bound run is expected to stop at: ``done`` steps took ``elapsed`` s in this
+    process, so the budget left buys (max_time_s - elapsed) * done / elapsed more (never past total)."""
+    if done <= 0 or elapsed <= 0:
+        return total_steps
+    return min(total_steps, step + max(0, int((max_time_s - elapsed) * done / elapsed)))
 
 
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
@@ -297,8 +305,14 @@ class Trainer:
                     self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
                     self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
                 stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
-                if t.max_time_s is not None and not stop:
-                    self.fit_schedule(elapsed, self.step - start_step)
+                if t.max_time_s is not None:
+                    # The bar's total (and so its ETA) is where the time budget stops the run,
+                    # not the end of the epoch; it ends full when the budget does.
+                    bar.total = self.step if stop else max(self.step + 1, reachable_step(
+                        self.step, self.total_steps, t.max_time_s, elapsed, self.step - start_step))
+                    bar.refresh()
+                    if not stop:
+                        self.fit_schedule(elapsed, self.step - start_step)
                 # ---------------------------------------------------------- eval, save (periodic)
                 if t.eval_every and self.step % t.eval_every == 0 and not stop:
                     eval_metrics = self.evaluate()
@@ -325,6 +339,28 @@ class Trainer:
         return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
 
+    def describe(self) -> list[str]:
+        """What setup found, printed before training by ``train`` and ``demo``: the data report
+        (rows kept, bad rows by reason), the split, the draft vocab, the aux layers and the budget."""
+        t = self.cfg.train
+        n_convs = len(self.train_set) + len(self.eval_set) + self.dropped
+        lines = [self.data_report.summary()]
+        lines += [f"data: first {kind!r}: {msg}" for kind, msg in list(self.data_report.first_errors.items())[:3]]
+        if self.dropped:
+            lines.append(f"data: {self.dropped} of {n_convs} conversations dropped (no assistant token within "
+                         f"data.max_length={self.cfg.data.max_length})")
+        lines.append(f"setup: {len(self.train_set)} train / {len(self.eval_set)} held-out conversations, draft vocab "
+                     f"{self.vocab.draft_ids.numel()} of {self.info.vocab_size} (coverage {self.vocab.coverage:.3f}), "
+                     f"aux layers {self.aux_ids}")
+        steps = (f"{self.total_steps} steps ({self.steps_per_epoch}/epoch x {t.epochs} epochs"
+                 + (f", capped by train.max_steps={t.max_steps})" if t.max_steps is not None else ")"))
+        start = f" from step {self.step}" if self.step else ""
+        if t.max_time_s is not None:
+            lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
+        else:
+            lines.append(f"budget: {steps}{start}")
+        return lines
+
     def data_order(self) -> dict:
         """What fixes the order of micro-batches (checked on resume)."""
         t = self.cfg.train
@@ -337,8 +373,7 @@ class Trainer:
         t = self.cfg.train
         if done % every or self.step <= t.warmup_steps:
             return
-        reachable = self.step + int((t.max_time_s - elapsed) * done / elapsed)
-        self.schedule.refit(self.step, min(self.total_steps, reachable))
+        self.schedule.refit(self.step, reachable_step(self.step, self.total_steps, t.max_time_s, elapsed, done))
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -402,10 +437,14 @@ class Trainer:
         )
 
 
-def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True) -> TrainResult:
-    """Train an EAGLE-3 draft as ``cfg`` says; see :class:`Trainer`."""
+def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
+          announce: Optional[Callable[[str], None]] = None) -> TrainResult:
+    """Train an EAGLE-3 draft as ``cfg`` says; see :class:`Trainer`. ``announce`` gets the setup
+    summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
+        for line in trainer.describe() if announce else ():
+            announce(line)
         return trainer.run()
     finally:
         trainer.engine.close()
