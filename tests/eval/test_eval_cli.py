@@ -46,6 +46,10 @@ def test_unsupported_and_missing_drafts_are_one_line_errors(tiny, tmp_path):
     (d / "config.json").write_text(json.dumps({**cfg, "parallel_drafting": True}))
     with pytest.raises(EvalError, match="P-EAGLE.*not evaluable offline yet"):
         load_draft(d)
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3DFlashDraftModel"],
+                                               "dflash_config": {"block_size": 8}}))
+    with pytest.raises(EvalError, match=r"DFlash \(block\) drafts are not evaluable offline yet"):
+        load_draft(d)
     with pytest.raises(EvalError, match="does not exist"):
         load_draft(tmp_path / "nothing")
     (tmp_path / "empty").mkdir()

@@ -73,6 +73,10 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     assert status == 422 and "input_ids must lie in 0..383" in json.loads(data)["error"]
     status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": vid}, torch.zeros(1, 513).long()))
     assert status == 422 and "max_position_embeddings 512" in json.loads(data)["error"]
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "medusa", "vocab_id": vid}))
+    assert status == 422 and "meta.kind 'medusa' is not a supervision kind this server knows (['eagle3'])" in \
+        json.loads(data)["error"]
+    assert s.get("/info", AUTH)["supervision_kinds"] == ["eagle3"]
     status, data = post(conn, "/features", batch_frame({"mode": "features", "layer_ids": [7]}))
     assert status == 422 and "layer id 7 is out of range" in json.loads(data)["error"]
     ids = torch.tensor([[5, 6, 7, 8]])
