@@ -106,6 +106,10 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(self.resumed_from) if self.resumed_from else None  # fail before heavy work
+        was_type = saved["meta"].get("draft_type", "eagle3") if saved else cfg.draft.type
+        if was_type != cfg.draft.type:
+            raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
+                                       f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
         for spec in cfg.data.sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
@@ -193,10 +197,6 @@ class Trainer:
     def _restore(self, saved: dict) -> None:
         """Draft, optimizer, scheduler, RNG and data position from a checkpoint."""
         t = self.cfg.train
-        was_type = saved["meta"].get("draft_type", "eagle3")
-        if was_type != self.cfg.draft.type:
-            raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
-                                       f"{self.cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
         # batch_pos indexes this epoch's order: it must be the order the checkpoint was cut from.
         was, now = saved["meta"].get("data_order"), self.data_order()
         if was is not None and was != now:
