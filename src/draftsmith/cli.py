@@ -14,12 +14,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input (config, data, checkpoint, target): one line, exit 2."""
     from draftsmith.config import ConfigError
     from draftsmith.data.formats import DataError
+    from draftsmith.drafts import DraftError
     from draftsmith.eval import EvalError
     from draftsmith.serve.resolve import ServeError
     from draftsmith.targets.contract import TargetError
     from draftsmith.train.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, TargetError, CheckpointError, EvalError, ServeError)
+    return (ConfigError, DataError, DraftError, TargetError, CheckpointError, EvalError, ServeError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -31,8 +32,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     ev = result.eval
     print(f"trained {result.step} steps ({result.tokens} tokens, {result.tokens_per_s:.0f} tok/s, {result.wall_s:.0f} s)")
     if ev:
-        accs = " ".join(f"{a:.3f}" for a in ev["step_accuracy"])
-        print(f"held-out: loss {ev['loss']:.4f}  per-step accuracy [{accs}]  simulated tau {ev['simulated_tau']:.3f}")
+        from draftsmith.drafts import get_family
+
+        print(f"held-out: loss {ev['loss']:.4f}  {get_family(cfg.draft.type).describe(ev)}")
     print(f"checkpoint: {result.checkpoint}")
     return 0
 

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from draftsmith.drafts import FAMILIES
+
 
 class ConfigError(ValueError):
     """One or more configuration problems; ``str()`` lists each on its own line."""
@@ -56,7 +58,7 @@ class DataConfig:
 
 @dataclass
 class DraftConfig:
-    type: str = "eagle3"
+    type: str = "eagle3"  # the draft family (drafts/__init__.py FAMILIES)
     ttt_steps: int = 7  # training-time-test unroll depth
     step_weight: float = 0.8  # step k weighs step_weight**k
     fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
@@ -113,7 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "target.engine": ("hf", "vllm", "sglang", "remote"),
     "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
-    "draft.type": ("eagle3",),
+    "draft.type": tuple(FAMILIES),  # the draft families registered in drafts/__init__.py
 }
 
 

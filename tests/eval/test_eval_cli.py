@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from draftsmith.eval import EvalError
 from draftsmith.eval.cli import register
-from draftsmith.eval.offline import load_eagle3_draft
+from draftsmith.eval.offline import load_draft
 from draftsmith.train.checkpoint import MODEL_SUBDIR
 from eval_helpers import AUX_IDS, save_vllm_layout
 
@@ -33,9 +33,9 @@ def save_checkpoint_layout(draft, root, target):
 
 def test_both_layouts_load_to_the_same_draft(tiny, tmp_path):
     run = save_checkpoint_layout(tiny.draft, tmp_path / "run", tiny.path)
-    a, ids_a, dir_a = load_eagle3_draft(run)
-    b, ids_b, _ = load_eagle3_draft(save_vllm_layout(tiny.draft, tmp_path / "vllm"))
-    assert ids_a == ids_b == AUX_IDS and dir_a.name == "consolidated"
+    fam_a, a, ids_a, dir_a = load_draft(run)
+    fam_b, b, ids_b, _ = load_draft(save_vllm_layout(tiny.draft, tmp_path / "vllm"))
+    assert fam_a == fam_b == "eagle3" and ids_a == ids_b == AUX_IDS and dir_a.name == "consolidated"
     for k, v in tiny.draft.state_dict().items():
         assert torch.equal(a.state_dict()[k], v) and torch.equal(b.state_dict()[k], v), k
 
@@ -45,12 +45,16 @@ def test_unsupported_and_missing_drafts_are_one_line_errors(tiny, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "parallel_drafting": True}))
     with pytest.raises(EvalError, match="P-EAGLE.*not evaluable offline yet"):
-        load_eagle3_draft(d)
+        load_draft(d)
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3DFlashDraftModel"],
+                                               "dflash_config": {"block_size": 8}}))
+    with pytest.raises(EvalError, match=r"DFlash \(block\) drafts are not evaluable offline yet"):
+        load_draft(d)
     with pytest.raises(EvalError, match="does not exist"):
-        load_eagle3_draft(tmp_path / "nothing")
+        load_draft(tmp_path / "nothing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(EvalError, match="no config.json"):
-        load_eagle3_draft(tmp_path / "empty")
+        load_draft(tmp_path / "empty")
 
 
 def test_eval_command_end_to_end(tiny, tmp_path, capsys):

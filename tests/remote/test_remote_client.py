@@ -12,6 +12,7 @@ from draftsmith.remote import client as client_mod
 from draftsmith.remote.client import RemoteEngine, RemoteError
 from draftsmith.remote.server import TargetService, build_server
 from draftsmith.targets import Batch, Features, TargetInfo
+from draftsmith.targets.contract import TargetError
 
 
 class FakeEngine:
@@ -32,6 +33,12 @@ class FakeEngine:
 
     def embeddings(self):
         return torch.arange(64, dtype=torch.float32).reshape(16, 4)
+
+    def lm_head_weight(self):
+        raise TargetError("the fake engine has no lm_head")
+
+    def final_norm_weight(self):
+        raise TargetError("the fake engine has no final norm")
 
     def close(self):
         pass
@@ -91,7 +98,7 @@ def test_prefetch_refills_only_after_the_popped_request_is_awaited(servers, dept
 
     with RemoteEngine("fake", urls=servers, prefetch_depth=depth) as eng:
         eng.set_vocab_map(torch.tensor([0, 3, 5]))
-        for k, (b, sup) in enumerate(eng.eagle3_stream(source(), [1, 3])):
+        for k, (b, sup) in enumerate(eng.supervision("eagle3", source(), [1, 3])):
             # item k is yielded after k+1 awaits; each await refilled one: k + depth + 1 pulled (capped)
             assert pulled[0] == (k + 1 if depth == 0 else min(9, k + depth + 1))
             assert torch.equal(sup.aux_hidden[0, 0, :, 0], torch.tensor([k % 16 + 1.0, k % 16 + 3.0]))
@@ -116,9 +123,10 @@ def test_dtype_mismatch_and_supervision_before_vocab_map(servers):
         RemoteEngine("t", urls=servers, dtype="bfloat16")
     with RemoteEngine("t", urls=servers) as eng:
         with pytest.raises(RemoteError, match="set_vocab_map"):
-            eng.eagle3(batch(0), [1])
+            eng.supervise("eagle3", batch(0), [1])
         assert torch.equal(eng.embeddings(), FakeEngine().embeddings())
-        assert not hasattr(eng, "lm_head_weight")  # the fake engine exposes no head: trainer skips init
+        with pytest.raises(RemoteError, match=r"no lm_head/final norm, so lm_head_weight\(\) is unavailable"):
+            eng.lm_head_weight()  # the fake engine exposes no head: a trainer must not init from it
 
 
 def test_config_keys_for_the_remote_engine():
@@ -140,7 +148,7 @@ def test_timeout_fails_over_and_disconnect_runs_on_error_exit(fleet, monkeypatch
         with RemoteEngine("t", urls=[slow_url, fast_url], prefetch_depth=0, timeout_s=0.5, backoff_s=0.01) as eng:
             eng.set_vocab_map(None)
             for k in range(2):  # round robin: one of the two requests picks the slow server first
-                sup = eng.eagle3(batch(k), [1])  # it times out there and moves to the fast one
+                sup = eng.supervise("eagle3", batch(k), [1])  # it times out there and moves to the fast one
                 assert torch.equal(sup.aux_hidden[0, :, 0, 0], torch.full((3,), k + 1.0))
             assert not eng.servers[0].healthy and "timed out" in eng.servers[0].last_error
             assert fast.stats["features_served"] == 2

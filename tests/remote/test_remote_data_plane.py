@@ -62,7 +62,7 @@ def test_gloo_plane_supervision_bitwise_equal_to_co_located(pair, n_servers, pre
                       data_plane="gloo") as eng:
         assert eng.plane == "gloo"
         eng.set_vocab_map(draft_ids)
-        got = list(eng.eagle3_stream(iter(bs), AUX))
+        got = list(eng.supervision("eagle3", iter(bs), AUX))
         raw = eng.features(bs[0], [0, 6], logits=True)  # raw-features mode rides the same channel
     want = sum(before) + len(bs) + 1  # every answer crossed the channel, none the wire
     assert counter_reaches(servers, "plane_transfers", want) == want
@@ -83,7 +83,7 @@ def test_nccl_without_cuda_falls_back_to_the_wire_and_says_why(pair, capsys):
         assert eng.plane == "wire" and "no CUDA" in eng.plane_reason
         eng.set_vocab_map(None)
         b = batches(1)[0]
-        sup = eng.eagle3(b, AUX)
+        sup = eng.supervise("eagle3", b, AUX)
     assert "data plane nccl not used" in capsys.readouterr().err
     assert transfers(servers) == before and sup.target_probs.shape[-1] == 384
 
@@ -104,7 +104,7 @@ def test_handshake_input_is_checked(pair):
     status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "features", "session": uuid.uuid4().hex})))
     assert status == 409 and "POST /data-plane again" in json.loads(data)["error"]
     assert json.loads(data)["redo"] == "data-plane"
-    status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "eagle3", "vocab_id": "0" * 16})))
+    status, data, _ = post_json(port, "/features", bytes(batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "0" * 16})))
     assert status == 409 and json.loads(data)["redo"] == "vocab-map"
 
 
@@ -130,7 +130,7 @@ def test_a_loopback_server_opens_its_channel_on_loopback_only(pair):
     before = listeners_beyond_loopback()
     with RemoteEngine(str(target), urls=[servers[0].url], data_plane="gloo") as eng:
         eng.set_vocab_map(None)
-        eng.eagle3(batches(1)[0], AUX)
+        eng.supervise("eagle3", batches(1)[0], AUX)
         assert eng.servers[0].channel is not None
         assert listeners_beyond_loopback() == before  # store and gloo pair bound to 127.0.0.1, not *
 
@@ -197,7 +197,7 @@ def test_kill9_mid_run_over_gloo_same_weights_and_restart_rejoins(pair, tmp_path
     with RemoteEngine(str(target), urls=[servers[0].url], data_plane="gloo") as eng:
         eng.set_vocab_map(None)
         b = batches(1)[0]
-        sup = eng.eagle3(b, AUX)
+        sup = eng.supervise("eagle3", b, AUX)
     ref_sup = eagle3_supervision(b, HFEngine(target).features(b, AUX, logits=True), None)
     assert all(torch.equal(getattr(sup, f), getattr(ref_sup, f)) for f in FIELDS)
     assert counter_reaches(servers[:1], "plane_transfers", 1) == 1
@@ -232,11 +232,11 @@ def test_handshakes_are_bounded_and_only_ready_sessions_are_evicted(pair, monkey
         # A client meeting the busy server uses the wire for now and tries the channel again later.
         with RemoteEngine(str(target), urls=[s.url], data_plane="gloo") as eng:
             eng.set_vocab_map(None)
-            eng.eagle3(batches(1)[0], AUX)
+            eng.supervise("eagle3", batches(1)[0], AUX)
             assert eng.servers[0].channel is None and not eng.servers[0].plane_failed
             assert s.get("/health")["plane_transfers"] == 0
             time.sleep(3.0)  # past --data-plane-timeout-s: the abandoned handshakes gave their slots back
-            eng.eagle3(batches(1)[0], AUX)
+            eng.supervise("eagle3", batches(1)[0], AUX)
             assert eng.servers[0].channel is not None and counter_reaches([s], "plane_transfers", 1) == 1
         # MAX_CHANNELS + 1 joined sessions: the oldest ready one is closed, the others still answer.
         opened = [handshake_and_join(s.port) for _ in range(MAX_CHANNELS + 1)]

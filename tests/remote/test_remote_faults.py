@@ -31,16 +31,16 @@ def up(servers):
 
 def kill_on_call(monkeypatch, n: int, victims):
     """Make the n-th supervision request kill -9 ``victims`` just before it is sent."""
-    calls, original = [0], RemoteEngine.eagle3
+    calls, original = [0], RemoteEngine.supervise
 
-    def eagle3(self, batch, layer_ids):
+    def supervise(self, kind, batch, layer_ids):
         calls[0] += 1
         if calls[0] == n:
             for v in victims:
                 v.kill9()
-        return original(self, batch, layer_ids)
+        return original(self, kind, batch, layer_ids)
 
-    monkeypatch.setattr(RemoteEngine, "eagle3", eagle3)
+    monkeypatch.setattr(RemoteEngine, "supervise", supervise)
     return calls
 
 
@@ -67,14 +67,14 @@ def test_restarted_server_is_used_again_with_the_vocab_map_re_pushed(pair):
     with RemoteEngine(str(target), urls=[s.url for s in servers], prefetch_depth=1, backoff_s=0.05,
                       health_interval_s=0.2) as eng:
         eng.set_vocab_map(draft_ids)
-        got = [sup for _, sup in eng.eagle3_stream(bs[:2], AUX)]
+        got = [sup for _, sup in eng.supervision("eagle3", bs[:2], AUX)]
         servers[0].kill9()
-        got += [sup for _, sup in eng.eagle3_stream(bs[2:4], AUX)]  # all on servers[1]
+        got += [sup for _, sup in eng.supervision("eagle3", bs[2:4], AUX)]  # all on servers[1]
         assert not eng.servers[0].healthy
         servers[0].restart()  # same port, fresh process: it has no vocab map
         assert servers[0].get("/health")["vocab_maps"] == 0
         time.sleep(0.3)  # past health_interval_s: the next pick re-checks it
-        got += [sup for _, sup in eng.eagle3_stream(bs[4:], AUX)]
+        got += [sup for _, sup in eng.supervision("eagle3", bs[4:], AUX)]
         health = servers[0].get("/health")
         assert eng.servers[0].healthy and health["features_served"] >= 1 and health["vocab_maps"] == 1
     for ref, sup in zip(refs, got):

@@ -69,7 +69,7 @@ def test_nccl_supervision_bitwise_equal_to_co_located(gpu):
     with RemoteEngine(str(target), urls=[s.url for s in cpu_servers], prefetch_depth=2) as eng:  # auto
         assert eng.plane == "nccl", eng.plane_reason
         eng.set_vocab_map(draft_ids)
-        got = list(eng.eagle3_stream(iter(bs), AUX))
+        got = list(eng.supervision("eagle3", iter(bs), AUX))
         raw = eng.features(bs[0], [0, 6], logits=True)
     for b, (_, sup) in zip(bs, got):
         ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), draft_ids)
@@ -89,10 +89,10 @@ def test_cuda_target_over_nccl_equals_the_wire(gpu):
     with RemoteEngine(str(target), urls=[cuda_server.url], data_plane="nccl") as eng:
         assert eng.plane == "nccl"
         eng.set_vocab_map(None)
-        over_nccl = [eng.eagle3(b, AUX) for b in bs]
+        over_nccl = [eng.supervise("eagle3", b, AUX) for b in bs]
     with RemoteEngine(str(target), urls=[cuda_server.url], data_plane="wire") as eng:
         eng.set_vocab_map(None)
-        over_wire = [eng.eagle3(b, AUX) for b in bs]
+        over_wire = [eng.supervise("eagle3", b, AUX) for b in bs]
     hf = HFEngine(target)
     for b, a, w in zip(bs, over_nccl, over_wire):
         ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), None)
@@ -138,7 +138,7 @@ def test_client_killed_after_the_handshake_server_survives_and_serves_nccl(gpu):
     # The GPU and the server are still good for a new session.
     with RemoteEngine(str(target), urls=[s.url], data_plane="nccl") as eng:
         eng.set_vocab_map(None)
-        sup = eng.eagle3(batches(1)[0], AUX)
+        sup = eng.supervise("eagle3", batches(1)[0], AUX)
     ref = eagle3_supervision(batches(1)[0], HFEngine(target).features(batches(1)[0], AUX, logits=True), None)
     assert all(torch.equal(getattr(sup, f).cpu(), getattr(ref, f)) for f in FIELDS)
 

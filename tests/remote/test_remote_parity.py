@@ -42,7 +42,7 @@ def test_supervision_bitwise_equal_to_co_located(setup, n_servers, prefetch):
     bs = batches()
     with RemoteEngine(str(target), urls=[s.url for s in servers[:n_servers]], prefetch_depth=prefetch) as eng:
         eng.set_vocab_map(draft_ids)
-        got = list(eng.eagle3_stream(iter(bs), AUX))
+        got = list(eng.supervision("eagle3", iter(bs), AUX))
     assert len(got) == len(bs)
     for b, (rb, sup) in zip(bs, got):
         assert rb is b  # order kept

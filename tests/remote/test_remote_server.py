@@ -57,27 +57,31 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     assert (info["num_layers"], info["hidden_size"], info["vocab_size"], info["aux_layer_ids"], info["engine"]) == \
         (6, 64, 384, [1, 3, 4], "hf")
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
-    status, data = post(conn, "/features", batch_frame({"mode": "eagle3", "vocab_id": "0123456789abcdef"}))
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "0123456789abcdef"}))
     assert status == 409 and "POST /vocab-map first" in json.loads(data)["error"]
     status, data = post(conn, "/vocab-map", wire.encode({"draft_ids": torch.tensor([1, 5, 9])}))
     assert status == 200 and json.loads(data)["draft_vocab_size"] == 3
     vid = json.loads(data)["vocab_id"]
-    status, data = post(conn, "/features", batch_frame({"mode": "eagle3", "vocab_id": vid}))
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": vid}))
     assert status == 200
     probs = wire.decode(data).tensors["target_probs"]
     assert probs.shape == (1, 4, 3) and torch.allclose(probs[0, :3].sum(-1), torch.ones(3))
     assert torch.equal(probs[0, 3], torch.zeros(3))  # shifted: zero tail
     status, data = post(conn, "/vocab-map", wire.encode({"draft_ids": torch.tensor([1, 384])}))
     assert status == 422 and "0..383" in json.loads(data)["error"]
-    status, data = post(conn, "/features", batch_frame({"mode": "eagle3", "vocab_id": vid}, torch.tensor([[999]])))
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": vid}, torch.tensor([[999]])))
     assert status == 422 and "input_ids must lie in 0..383" in json.loads(data)["error"]
-    status, data = post(conn, "/features", batch_frame({"mode": "eagle3", "vocab_id": vid}, torch.zeros(1, 513).long()))
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": vid}, torch.zeros(1, 513).long()))
     assert status == 422 and "max_position_embeddings 512" in json.loads(data)["error"]
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "medusa", "vocab_id": vid}))
+    assert status == 422 and "meta.kind 'medusa' is not a supervision kind this server knows (['eagle3'])" in \
+        json.loads(data)["error"]
+    assert s.get("/info", AUTH)["supervision_kinds"] == ["eagle3"]
     status, data = post(conn, "/features", batch_frame({"mode": "features", "layer_ids": [7]}))
     assert status == 422 and "layer id 7 is out of range" in json.loads(data)["error"]
     ids = torch.tensor([[5, 6, 7, 8]])
     status, data = post(conn, "/features", wire.encode(
-        {"input_ids": ids, "attention_mask": ids.clone(), "loss_mask": torch.ones_like(ids)}, {"mode": "eagle3", "vocab_id": vid}))
+        {"input_ids": ids, "attention_mask": ids.clone(), "loss_mask": torch.ones_like(ids)}, {"mode": "supervision", "kind": "eagle3", "vocab_id": vid}))
     assert status == 422 and "only 0/1" in json.loads(data)["error"]
     conn.request("GET", "/embeddings", headers=AUTH)
     w = wire.decode(conn.getresponse().read()).tensors
@@ -155,7 +159,7 @@ def test_cli_refuses_a_public_bind_without_token_before_loading_the_target(tmp_p
 def malformed_frames(n: int, seed: int = 0):
     """Yield n frames that are each wrong in some way (never a valid frame with a known vocab id)."""
     rng = random.Random(seed)
-    good = bytes(batch_frame({"mode": "eagle3", "vocab_id": "nope"}))
+    good = bytes(batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "nope"}))
     hlen = struct.unpack_from("<I", good, 8)[0]
     kinds = ["random", "truncated", "magic", "version", "hlen", "shape", "dtype", "flip", "nbytes"]
     for i in range(n):
@@ -191,7 +195,7 @@ def malformed_frames(n: int, seed: int = 0):
 def test_fuzz_10000_malformed_frames_all_4xx_server_up_memory_bounded(server):
     s, _ = server
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
-    post(conn, "/features", batch_frame({"mode": "eagle3", "vocab_id": "warm"}))
+    post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "warm"}))
     rss0 = s.rss_kb()
     statuses = {}
     for body in malformed_frames(10_000):

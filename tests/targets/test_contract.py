@@ -179,3 +179,39 @@ def test_eagle3_supervision_needs_logits():
     batch, feats = _hand_batch()
     with pytest.raises(TargetError, match="logits=True"):
         eagle3_supervision(batch, Features(feats.aux_hidden, None), None)
+
+
+# ---------------------------------------------------------------- supervision kinds, layer-id rules
+def test_supervision_table_names_the_wire_tensors():
+    from dataclasses import fields
+
+    from draftsmith.targets.contract import SUPERVISION, Eagle3Supervision
+
+    kind = SUPERVISION["eagle3"]
+    assert kind.cls is Eagle3Supervision and kind.logits and kind.vocab
+    assert kind.tensor_names == tuple(f.name for f in fields(Eagle3Supervision)) == \
+        ("aux_hidden", "input_ids", "loss_mask", "target_probs", "position_mask")
+
+
+def test_supervise_round_trips_through_tensors_and_rejects_bad_names():
+    from draftsmith.targets.contract import supervise, supervision_from_tensors, supervision_tensors
+
+    batch, feats = _hand_batch()
+    sup = supervise("eagle3", batch, feats, torch.tensor([0, 2, 3]))
+    ref = eagle3_supervision(batch, feats, torch.tensor([0, 2, 3]))
+    back = supervision_from_tensors("eagle3", supervision_tensors(sup))
+    for name, t in supervision_tensors(ref).items():
+        assert torch.equal(getattr(back, name), t), name
+    with pytest.raises(TargetError, match=r"eagle3 supervision: got tensors .*expected \['aux_hidden'"):
+        supervision_from_tensors("eagle3", {"aux_hidden": sup.aux_hidden})
+    with pytest.raises(TargetError, match=r"supervision kind 'dflash' is unknown; expected one of \['eagle3'\]"):
+        supervise("dflash", batch, feats, None)
+
+
+def test_default_layer_ids_by_rule():
+    from draftsmith.targets.contract import default_layer_ids
+
+    assert default_layer_ids("eagle3", 30) == default_aux_layer_ids(30) == [2, 15, 27]
+    assert default_layer_ids("dflash", 30, 5) == dflash_layer_ids(30, 5)
+    with pytest.raises(TargetError, match="layer-id rule 'medusa' is unknown"):
+        default_layer_ids("medusa", 30)

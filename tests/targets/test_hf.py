@@ -164,3 +164,19 @@ def test_eagle3_supervision_from_engine_matches_raw_hf(engine):
     assert torch.equal(sup.position_mask, loss_next.bool() & in_draft)
     assert sup.position_mask[0].tolist() == loss_next[0].bool().tolist()
     assert not sup.position_mask[:, -1].any()
+
+
+def test_colocated_supervision_stream_uses_the_vocab_map(engine):
+    """Engine.supervision(kind, ...) = features + contract, with the map set_vocab_map gave (None = full)."""
+    vocab = engine.info().vocab_size
+    batches = [_batch(vocab, seed=s) for s in (3, 4)]
+    draft_ids = torch.arange(0, vocab, 5)
+    for ids in (draft_ids, None):
+        engine.set_vocab_map(ids)
+        got = list(engine.supervision("eagle3", iter(batches), [1, 3]))
+        assert [b for b, _ in got] == batches
+        for b, sup in got:
+            ref = eagle3_supervision(b, engine.features(b, [1, 3], logits=True), ids)
+            assert torch.equal(sup.target_probs, ref.target_probs) and torch.equal(sup.position_mask, ref.position_mask)
+    with pytest.raises(TargetError, match="supervision kind 'nope' is unknown"):
+        next(engine.supervision("nope", iter(batches), [1, 3]))

@@ -156,6 +156,14 @@ def test_resume_mid_run_is_bitwise_equal(tiny, tmp_path):
     with pytest.raises(CheckpointError, match=r"train.batch_size 2 -> 4.*train.group_by_length False -> True"):
         train(run_config(target, data, tmp_path / "other", epochs=2, batch_size=4, group_by_length=True),
               resume=mid, progress=False)
+    # A checkpoint of another draft family cannot resume this one: refused by name.
+    import shutil
+
+    other = shutil.copytree(mid, tmp_path / "pe" / "epoch_0_step_7")
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "draft_type": "peagle"}))
+    with pytest.raises(CheckpointError, match=r"a peagle checkpoint cannot resume a draft.type eagle3 run"):
+        train(run_config(target, data, tmp_path / "other2", epochs=2), resume=other, progress=False)
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""Draft families: model math only (no I/O, no engines), and the registry of families.
+
+:data:`FAMILIES` maps a family name (``draft.type``) to the module that implements it; modules are
+imported lazily by :func:`get_family`, so importing this package stays torch-free. ``train/`` joins a
+family to the engines: a family names the supervision kind it learns from by string (a key of
+``targets.contract.SUPERVISION``) and never imports ``targets/``.
+
+A family module exports exactly these names (``eagle3.py`` is the reference):
+
+``SUPERVISION: str``
+    the supervision kind it trains on (``"eagle3"``: shifted, draft-vocab target probs).
+``layer_rule(draft) -> (rule, count)``
+    its default target layer ids: a rule of ``targets.contract.LAYER_ID_RULES`` and how many ids
+    (None: the rule's own count); ``target.aux_layer_ids`` overrides it. ``draft`` = config.DraftConfig.
+``config_from_target(info, draft, *, draft_vocab_size, num_layer_ids) -> Config``
+    the model config for a target (``info``: TargetInfo's attributes) and the run's ``draft`` section.
+``config_from_export(config: dict) -> Config``
+    the model config from an exported config.json (inverse of ``Model.export_config``).
+``Model``
+    ``Model(config)`` is an ``nn.Module`` whose ``state_dict()`` is the checkpoint, with
+    ``supervised(sup) -> output`` (``output.loss`` carries grad; ``output.sums`` is a dict of
+    detached tensors that add up across micro-batches), ``export_config(layer_ids, torch_dtype) -> dict``
+    and ``cfg`` (its Config).
+``attach_target(model, draft, *, embeddings, head, vocab) -> None``
+    take what the draft needs from the target before training: ``embeddings`` (V, H); ``head()``
+    returns (lm_head (V, H), final_norm (H,)) and is only called when needed; ``vocab`` has
+    ``draft_ids`` (Vd,), ``d2t`` (Vd,) and ``t2d`` (V,).
+``load_exported(config, state, target_embeddings) -> Model``
+    a model for inference from an export (``state``: on-disk tensor names); ValueError when they do
+    not fit. ``layer_ids_from_export(config) -> list[int]``: the target layer ids it was trained on.
+``summarize(sums) -> dict``
+    metric sums (over any number of micro-batches) -> summary (per-position accuracy list, simulated
+    tau, ...; JSON-able). ``scalars(summary) -> dict[str, float]``: what tensorboard logs;
+    ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# Families that train here: name -> module (imported on first use).
+FAMILIES: dict[str, str] = {
+    "eagle3": "draftsmith.drafts.eagle3",
+}
+
+# Every family a checkpoint can hold (serve/resolve.py classifies the same way); those not in
+# FAMILIES are known but not trainable or loadable here yet.
+KNOWN_FAMILIES = ("eagle3", "peagle", "dflash", "jetspec", "domino")
+DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
+
+
+class DraftError(ValueError):
+    """A draft family or checkpoint this build cannot handle; the message names it and the fix."""
+
+
+def family_of_config(config: dict) -> str:
+    """Classify an exported draft config.json: DFlash family by architecture or ``dflash_config``
+    (JetSpec = ``dflash_config.causal``, Domino = ``projector_type: domino``), P-EAGLE by
+    ``parallel_drafting``, otherwise EAGLE-3 (``LlamaEagle3DraftModel`` and its aliases)."""
+    archs = config.get("architectures") or []
+    dflash = config.get("dflash_config")
+    if any(a in DFLASH_ARCHS for a in archs) or isinstance(dflash, dict):
+        dflash = dflash or {}
+        if str(dflash.get("projector_type", "")).lower() == "domino":
+            return "domino"
+        return "jetspec" if dflash.get("causal") else "dflash"
+    if config.get("parallel_drafting"):
+        return "peagle"
+    return "eagle3"
+
+
+def get_family(name: str) -> ModuleType:
+    """The module of family ``name``; a known-but-unsupported or unknown name is a one-line DraftError."""
+    if name in FAMILIES:
+        return importlib.import_module(FAMILIES[name])
+    if name in KNOWN_FAMILIES:
+        raise DraftError(f"draft family {name!r} is not supported by this draftsmith yet; "
+                         f"supported: {', '.join(FAMILIES)}")
+    raise DraftError(f"draft family {name!r} is unknown; expected one of {', '.join(FAMILIES)}")

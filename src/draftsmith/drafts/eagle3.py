@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -25,6 +25,11 @@ from torch import nn
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv
 
 __all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulated_tau", "shift_left"]
+
+# The family contract (drafts/__init__.py): EAGLE-3 learns from the shifted, draft-vocab `eagle3`
+# supervision kind, on vLLM's default aux layers.
+SUPERVISION = "eagle3"
+PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}  # progress-bar label -> scalars() key
 
 
 @dataclass
@@ -120,6 +125,11 @@ class Eagle3Output:
     step_correct: torch.Tensor  # (K,) int64: argmax agrees with the target at supervised positions
     prefix_correct: torch.Tensor  # (K,) int64: steps 0..k all agree at the same start position
     step_count: torch.Tensor  # (K,) int64: supervised positions per step
+
+    @property
+    def sums(self) -> dict[str, torch.Tensor]:
+        """The (K,) counts that add up across micro-batches (see :func:`summarize`)."""
+        return {"step_correct": self.step_correct, "prefix_correct": self.prefix_correct, "step_count": self.step_count}
 
     @property
     def step_accuracy(self) -> torch.Tensor:
@@ -393,6 +403,10 @@ class Eagle3Draft(nn.Module):
             step_count=torch.stack(counts),
         )
 
+    def supervised(self, sup: Any) -> Eagle3Output:
+        """:meth:`forward` on an ``eagle3`` supervision object (read by field name)."""
+        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
+
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (weights = `state_dict()`)."""
         cfg = self.cfg
@@ -426,3 +440,67 @@ class Eagle3Draft(nn.Module):
             "torch_dtype": torch_dtype,
             "draftsmith": {"draft_type": "eagle3", "ttt_steps": cfg.ttt_steps, "step_weight": cfg.step_weight},
         }
+
+
+# ---------------------------------------------------------------------------------- family contract
+Model = Eagle3Draft
+config_from_export = Eagle3Config.from_export
+
+
+def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
+    """vLLM's default EAGLE-3 aux layers (3 ids)."""
+    return "eagle3", None
+
+
+def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int) -> Eagle3Config:
+    """A draft shaped like one target decoder layer (``info``: TargetInfo), over ``draft_vocab_size``."""
+    return Eagle3Config(
+        hidden_size=info.hidden_size, target_hidden_size=info.hidden_size,
+        num_attention_heads=info.num_attention_heads, num_key_value_heads=info.num_key_value_heads,
+        head_dim=info.head_dim, intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
+        draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
+        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
+        max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
+        ttt_steps=draft.ttt_steps, step_weight=draft.step_weight,
+    )
+
+
+def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+    """Copy the target's embeddings (frozen per ``draft.freeze_embeddings``), install the vocab map,
+    and with ``draft.init_from_target`` start from the target's lm_head rows and final norm."""
+    model.load_target_embeddings(embeddings, freeze=draft.freeze_embeddings)
+    if model.cfg.pruned:
+        model.set_vocab_map(vocab.d2t, vocab.t2d)
+    if draft.init_from_target:
+        lm_head, final_norm = head()
+        model.init_from_target(lm_head, vocab.draft_ids, final_norm)
+
+
+def summarize(sums: dict[str, torch.Tensor]) -> dict:
+    """Per-step accuracy, simulated tau and supervised positions from summed :attr:`Eagle3Output.sums`."""
+    count = sums["step_count"].double()
+    return {"step_accuracy": (sums["step_correct"].double() / count.clamp(min=1)).tolist(),
+            "simulated_tau": simulated_tau(sums["prefix_correct"], sums["step_count"]), "positions": int(count[0])}
+
+
+def scalars(summary: dict) -> dict[str, float]:
+    return {"simulated_tau": summary["simulated_tau"], **{f"acc{k}": a for k, a in enumerate(summary["step_accuracy"])}}
+
+
+def describe(summary: dict) -> str:
+    accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"])
+    return f"per-step accuracy [{accs}]  simulated tau {summary['simulated_tau']:.3f}"
+
+
+def layer_ids_from_export(config: dict) -> list[int]:
+    from .eagle3_infer import layer_ids_from_export as read  # lives with the inference code, which imports us
+
+    return read(config)
+
+
+def load_exported(config: dict, state: dict[str, torch.Tensor],
+                  target_embeddings: Optional[torch.Tensor] = None) -> Eagle3Draft:
+    from .eagle3_infer import load_exported as load
+
+    return load(config, state, target_embeddings)

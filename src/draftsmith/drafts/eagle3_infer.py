@@ -24,10 +24,10 @@ from typing import Optional
 
 import torch
 
-from .eagle3 import Eagle3Draft, Eagle3Step
+from .eagle3 import Eagle3Config, Eagle3Draft, Eagle3Step
 from .layers import repeat_kv
 
-__all__ = ["DraftKVCache", "extend", "next_hidden"]
+__all__ = ["DraftKVCache", "extend", "next_hidden", "layer_ids_from_export", "load_exported"]
 
 
 @dataclass
@@ -96,3 +96,43 @@ def next_hidden(draft: Eagle3Draft, step: Eagle3Step) -> torch.Tensor:
     if not draft.cfg.norm_output:
         return step.hidden
     return step.normed if step.normed is not None else draft.model.norm(step.hidden)
+
+
+# ---------------------------------------------------------------------------------- loading an export
+def layer_ids_from_export(config: dict) -> list[int]:
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        raise ValueError("eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
+                         "add the target layer ids the draft was trained on")
+    return [int(i) for i in ids]
+
+
+def _state_key(name: str) -> str:
+    """On-disk name (draftsmith `model.`-prefixed or vLLM-stripped) -> Eagle3Draft state_dict name."""
+    if name in ("lm_head.weight", "d2t", "t2d") or name.startswith("model."):
+        return name
+    if name.startswith("midlayer."):
+        return "model.layers.0." + name[len("midlayer."):]
+    return "model." + name
+
+
+def load_exported(config: dict, state: dict[str, torch.Tensor],
+                  target_embeddings: Optional[torch.Tensor] = None) -> Eagle3Draft:
+    """An fp32 eval draft from an export. ``target_embeddings`` (V, H) fills ``embed_tokens`` for
+    drafts saved without it (they share the target's, as vLLM does); ``t2d`` is rebuilt from
+    ``d2t`` when an export dropped it."""
+    draft = Eagle3Draft(Eagle3Config.from_export(config))
+    state = {_state_key(k): v for k, v in state.items()}
+    if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
+        t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(draft.cfg.draft_vocab_size) + state["d2t"].long()] = True
+        state["t2d"] = t2d
+    if "model.embed_tokens.weight" not in state:
+        if target_embeddings is None:
+            raise ValueError("the draft has no embed_tokens; pass the target's embeddings to share them")
+        state["model.embed_tokens.weight"] = target_embeddings.detach().float().cpu()
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the config (missing {missing[:4]}, unexpected {unexpected[:4]}); "
+                         "re-export the draft")
+    return draft.float().eval().requires_grad_(False)

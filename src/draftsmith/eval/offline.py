@@ -7,8 +7,10 @@ it, and after verification drops the chain slots and refills the newly accepted 
 target's real aux states (what vLLM's EAGLE proposer does). Greedy output is token-identical to
 plain greedy decoding of the target; plain decoding runs side by side so tokens/s is a ratio.
 
-P-EAGLE (parallel) and DFlash (block) drafts are rejected here for now: they need only their own
-``Proposer`` (see :mod:`draftsmith.eval.speculative`); verification is shared.
+Drafts load through the family registry (drafts/__init__.py: the family is read from config.json).
+P-EAGLE (parallel) and DFlash (block) drafts are rejected here for now: each needs its family
+registered and its own ``Proposer`` in :data:`PROPOSERS` (see :mod:`draftsmith.eval.speculative`);
+verification is shared.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
+from draftsmith.drafts import DraftError, family_of_config, get_family
+from draftsmith.drafts.eagle3 import Eagle3Draft
 from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
 from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt, describe_prompts, load_prompts, render_prompt
@@ -30,6 +33,8 @@ from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, g
 from draftsmith.weights import read_tensors
 
 EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
+FAMILY_NAMES = {"peagle": "P-EAGLE (parallel)", "dflash": "DFlash (block)", "jetspec": "JetSpec (block)",
+                "domino": "Domino (block)"}
 
 
 class HFTarget:
@@ -137,6 +142,10 @@ class Eagle3Proposer:
         self.cache.crop(self.filled)  # chain slots were computed from drafted states: refill lazily
 
 
+# Offline proposer per draft family (the family's inference loop; verification is shared).
+PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer}
+
+
 # ---------------------------------------------------------------------------------- loading
 def resolve_draft_dir(path: str | Path) -> Path:
     """A run dir, ``checkpoints/`` root, checkpoint dir, ``model/``, ``model/consolidated/`` or a
@@ -153,47 +162,28 @@ def resolve_draft_dir(path: str | Path) -> Path:
                     "pass a draftsmith checkpoint or an exported draft dir")
 
 
-def _draft_key(name: str) -> str:
-    """On-disk name (draftsmith `model.`-prefixed or vLLM-stripped) -> Eagle3Draft state_dict name."""
-    if name in ("lm_head.weight", "d2t", "t2d") or name.startswith("model."):
-        return name
-    if name.startswith("midlayer."):
-        return "model.layers.0." + name[len("midlayer."):]
-    return "model." + name
+def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None):
+    """Load a draft for inference through the family registry -> (family, model fp32 eval, layer ids, draft dir).
 
-
-def load_eagle3_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None):
-    """Load an EAGLE-3 draft for inference -> (Eagle3Draft fp32 eval, aux layer ids, draft dir).
-
-    ``target_embeddings`` (V, H) fills ``embed_tokens`` for drafts saved without it (they share
-    the target's, as vLLM does). ``t2d`` is rebuilt from ``d2t`` when an export dropped it.
+    The family comes from config.json (drafts.family_of_config); it must be registered and have a
+    proposer here. ``target_embeddings`` (V, H) fills the draft's embeddings when it was saved without.
     """
     d = resolve_draft_dir(path)
     config = json.loads((d / "config.json").read_text())
+    family = family_of_config(config)
     arch = (config.get("architectures") or ["?"])[0]
-    if config.get("parallel_drafting") or config.get("dflash_config") or arch not in EAGLE3_ARCHS:
-        kind = "P-EAGLE (parallel)" if config.get("parallel_drafting") else f"architecture {arch}"
+    if family not in PROPOSERS or (family == "eagle3" and arch not in EAGLE3_ARCHS):
+        kind = FAMILY_NAMES.get(family, f"architecture {arch}")
         raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline yet; only EAGLE-3 chain "
                         f"drafts ({', '.join(EAGLE3_ARCHS)}) are; benchmark it on a server with bench-server")
-    aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if not aux_ids:
-        raise EvalError(f"{d / 'config.json'}: eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
-                        "add the target layer ids the draft was trained on")
-    draft = Eagle3Draft(Eagle3Config.from_export(config))
-    state = {_draft_key(k): v for k, v in read_tensors(d / "model.safetensors").items()}
-    if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
-        t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(draft.cfg.draft_vocab_size) + state["d2t"].long()] = True
-        state["t2d"] = t2d
-    if "model.embed_tokens.weight" not in state:
-        if target_embeddings is None:
-            raise EvalError(f"{d}: the draft has no embed_tokens; pass the target's embeddings to share them")
-        state["model.embed_tokens.weight"] = target_embeddings.detach().float().cpu()
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise EvalError(f"{d / 'model.safetensors'}: weights do not fit the config (missing {missing[:4]}, "
-                        f"unexpected {unexpected[:4]}); re-export the draft")
-    return draft.float().eval().requires_grad_(False), [int(i) for i in aux_ids], d
+    state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
+    try:
+        module = get_family(family)
+        layer_ids = module.layer_ids_from_export(config)
+        model = module.load_exported(config, state, target_embeddings)
+    except (DraftError, ValueError) as e:
+        raise EvalError(f"{d}: {e}") from None
+    return family, model, layer_ids, d
 
 
 def target_from_draft(draft_dir: Path) -> Optional[str]:
@@ -272,14 +262,14 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, tem
     engine = HFEngine(target, dtype=dtype)
     try:
         model, info = engine.model, engine.info()
-        model_draft, aux_ids, _ = load_eagle3_draft(draft_dir, engine.embeddings())
+        family, model_draft, aux_ids, _ = load_draft(draft_dir, engine.embeddings())
         c = model_draft.cfg
         if c.vocab_size != info.vocab_size or c.target_hidden_size != info.hidden_size:
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "
                             f"but target {target} has vocab {info.vocab_size} / hidden {info.hidden_size}; "
                             "pass the target the draft was trained for")
         log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else None
-        records = evaluate(HFTarget(model, aux_ids), Eagle3Proposer(model_draft), engine.tokenizer, items, k=k,
+        records = evaluate(HFTarget(model, aux_ids), PROPOSERS[family](model_draft), engine.tokenizer, items, k=k,
                            max_new_tokens=max_new_tokens, temperature=temperature, plain=plain, seed=seed,
                            eos_ids=() if ignore_eos else eos_ids_of(engine.tokenizer, model), log=log)
     finally:

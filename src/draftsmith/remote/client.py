@@ -3,7 +3,7 @@
 Behaviour (DESIGN section 7):
 - several servers (``urls``); each has one keep-alive connection and a lock, so at most one request
   is on the wire per server; requests go to a free healthy server, round robin;
-- ``prefetch_depth`` supervision requests in flight (:meth:`RemoteEngine.eagle3_stream`): the oldest is
+- ``prefetch_depth`` supervision requests in flight (:meth:`RemoteEngine.supervision`): the oldest is
   awaited first and only then is the next batch submitted, so results come back in batch order;
 - every request is idempotent (features are a pure function of the batch), so connection errors,
   timeouts and 5xx answers mark the server down and the request moves to another healthy server;
@@ -37,7 +37,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
 
 import torch
@@ -47,7 +47,7 @@ from draftsmith.remote import wire
 from draftsmith.remote.nccl import Channel, choose_data_plane, cuda_uuid, join_store, nccl_usable, transfer_plan
 from draftsmith.remote.server import is_loopback
 from draftsmith.targets import Batch, Features, TargetInfo
-from draftsmith.targets.contract import Eagle3Supervision, TargetError
+from draftsmith.targets.contract import TargetError, supervision_from_tensors, supervision_kind
 
 
 class RemoteError(TargetError):
@@ -337,12 +337,12 @@ class RemoteEngine:
 
     def _features_call(self, s: _Server, tensors: dict, meta: dict) -> dict:
         """POST /features to ``s`` (caller holds its lock); the answer's tensors, from the frame or the channel."""
-        eagle3 = meta.get("mode") == "eagle3"
+        needs_vocab = meta.get("mode") == "supervision" and supervision_kind(meta["kind"]).vocab
         for _ in range(3):  # a 409: the server lost our session and/or vocab map (restart): redo what it names
             channel = self._channel(s)
-            if eagle3 and s.vocab_id is None:
+            if needs_vocab and s.vocab_id is None:
                 self._push_vocab(s)
-            m = {**meta, **({"vocab_id": s.vocab_id} if eagle3 else {}), **({"session": s.session} if channel else {})}
+            m = {**meta, **({"vocab_id": s.vocab_id} if needs_vocab else {}), **({"session": s.session} if channel else {})}
             status, data = self._post_frame(s, "/features", wire.encode(tensors, m))
             if status != 409:
                 break
@@ -384,42 +384,42 @@ class RemoteEngine:
                 finally:
                     s.lock.release()
 
-    def eagle3(self, batch: Batch, layer_ids: Sequence[int]) -> Eagle3Supervision:
-        """EAGLE-3 supervision for ``batch`` computed by a server (see contract.eagle3_supervision)."""
-        if not self._vocab_set:
+    def supervise(self, kind: str, batch: Batch, layer_ids: Sequence[int]) -> Any:
+        """Supervision of ``kind`` for ``batch``, computed by a server (see contract.SUPERVISION)."""
+        k = supervision_kind(kind)
+        if kind not in self._info_raw.get("supervision_kinds", ()):
+            raise RemoteError(f"remote target: the servers compute supervision kinds {self._info_raw.get('supervision_kinds', [])}, "
+                              f"not {kind!r}; restart serve-target from this draftsmith version")
+        if k.vocab and not self._vocab_set:
             raise RemoteError("remote engine: call set_vocab_map(draft_ids) before requesting supervision")
         tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}
+        meta = {"mode": "supervision", "kind": kind, "layer_ids": list(layer_ids)}
+        return self._with_failover(lambda s: supervision_from_tensors(kind, self._features_call(s, tensors, meta)),
+                                   "POST /features")
 
-        def call(s: _Server) -> Eagle3Supervision:
-            t = self._features_call(s, tensors, {"mode": "eagle3", "layer_ids": list(layer_ids)})
-            return Eagle3Supervision(t["aux_hidden"], t["input_ids"], t["loss_mask"], t["target_probs"],
-                                     t["position_mask"])
-
-        return self._with_failover(call, "POST /features")
-
-    def eagle3_stream(self, batches: Iterable[Batch], layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Eagle3Supervision]]:
-        """``(batch, supervision)`` in batch order, with up to ``prefetch_depth`` requests in flight."""
+    def supervision(self, kind: str, batches: Iterable[Batch], layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:
+        """``(batch, supervision of kind)`` in batch order, with up to ``prefetch_depth`` requests in flight."""
         if self._pool is None:
             for b in batches:
-                yield b, self.eagle3(b, layer_ids)
+                yield b, self.supervise(kind, b, layer_ids)
             return
         it, pending = iter(batches), deque()
         try:
             for b in itertools.islice(it, self.prefetch_depth):
-                pending.append((b, self._pool.submit(self.eagle3, b, layer_ids)))
+                pending.append((b, self._pool.submit(self.supervise, kind, b, layer_ids)))
             while pending:
                 b, fut = pending.popleft()
                 sup = fut.result()  # await the oldest first ...
                 nxt = next(it, None)  # ... and only then refill, so at most prefetch_depth are in flight
                 if nxt is not None:
-                    pending.append((nxt, self._pool.submit(self.eagle3, nxt, layer_ids)))
+                    pending.append((nxt, self._pool.submit(self.supervise, kind, nxt, layer_ids)))
                 yield b, sup
         finally:
             for _, fut in pending:  # an early stop abandons the prefetched requests
                 fut.cancel()
 
     def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features:
-        """Raw features (aux states, and full-vocab logits when asked: large, prefer :meth:`eagle3`)."""
+        """Raw features (aux states, and full-vocab logits when asked: large, prefer :meth:`supervise`)."""
         tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}
         meta = {"mode": "features", "logits": bool(logits), "layer_ids": list(layer_ids)}
 
@@ -443,15 +443,20 @@ class RemoteEngine:
         """(V, H) input embedding of the target."""
         return self._fetch_weights()["embeddings"]
 
-    def __getattr__(self, name: str):
-        # lm_head_weight() / final_norm_weight() exist only when the server's engine exposes them,
-        # so `hasattr(engine, "lm_head_weight")` tells the trainer whether it can init from the target.
-        if name in ("lm_head_weight", "final_norm_weight"):
-            w = self.__dict__.get("_weights") if self.__dict__.get("_weights") is not None else self._fetch_weights()
-            if "final_norm" in w:
-                key = "final_norm" if name == "final_norm_weight" else ("lm_head" if "lm_head" in w else "embeddings")
-                return lambda: w[key]
-        raise AttributeError(name)
+    def _head(self, method: str, key: str) -> Tensor:
+        w = self._fetch_weights()
+        if "final_norm" not in w:  # servers send lm_head/final_norm only when their engine has them
+            raise RemoteError(f"remote target: the servers' engine exposes no lm_head/final norm, so {method}() is "
+                              f"unavailable; set draft.init_from_target: false or serve the target with the hf engine")
+        return w[key]
+
+    def lm_head_weight(self) -> Tensor:
+        """(V, H) output projection of the target (a tied target's is its embeddings, sent once)."""
+        return self._head("lm_head_weight", "lm_head" if "lm_head" in self._fetch_weights() else "embeddings")
+
+    def final_norm_weight(self) -> Tensor:
+        """(H,) final norm weight of the target."""
+        return self._head("final_norm_weight", "final_norm")
 
     def close(self) -> None:
         """Send ``/disconnect`` to every server (best effort, short timeout) and release connections."""

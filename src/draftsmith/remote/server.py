@@ -4,13 +4,15 @@ Control plane: HTTP/1.1 keep-alive, JSON for small answers, :mod:`draftsmith.rem
 for tensors. Endpoints:
 
     GET  /health      {"ok", "features_served", "vocab_maps", "disconnects"}
-    GET  /info        TargetInfo fields + aux_layer_ids, engine, cuda, frame limits
+    GET  /info        TargetInfo fields + aux_layer_ids, supervision_kinds, engine, cuda, frame limits
     GET  /embeddings  frame: embeddings (V, H) [+ lm_head (V, H) when untied, final_norm (H,)]
     POST /vocab-map   frame: draft_ids (Vd,) int64, or meta {"full_vocab": true} -> {"vocab_id"}
     POST /features    frame: input_ids, attention_mask, loss_mask (B, S) int64;
-                      meta {"mode": "eagle3", "vocab_id", "layer_ids"} -> EAGLE-3 supervision
-                      (aux_hidden, input_ids, loss_mask, target_probs, position_mask), computed here so
-                      full-vocab logits never cross the wire; or meta {"mode": "features", "logits"}.
+                      meta {"mode": "supervision", "kind", "vocab_id"?, "layer_ids"} -> supervision of
+                      that kind (targets/contract.py SUPERVISION; its dataclass fields are the tensor
+                      names, e.g. eagle3: aux_hidden, input_ids, loss_mask, target_probs, position_mask),
+                      computed here so full-vocab logits never cross the wire; kinds that project onto
+                      the draft vocab need the "vocab_id" of a pushed map; or meta {"mode": "features", "logits"}.
     POST /data-plane  JSON {"session", "plane": "nccl"|"gloo", "previous"?} -> {"store_port"}: opens a
                       tensor channel (remote/nccl.py); /features with meta.session then answers with
                       a header-only frame (meta.transfer) and sends the tensors over that channel
@@ -47,7 +49,8 @@ from draftsmith.remote import wire
 from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store,
                                     transfer_entries, transfer_plan)
 from draftsmith.targets import Batch
-from draftsmith.targets.contract import TargetError, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
+from draftsmith.targets.contract import (SUPERVISION, TargetError, default_aux_layer_ids, supervise, supervision_tensors,
+                                        validate_layer_ids)
 
 
 class ServeTargetError(TargetError):
@@ -124,7 +127,8 @@ class TargetService:
         self.stats_lock = threading.Lock()
 
     def info_dict(self) -> dict:
-        return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "engine": self.engine_name,
+        return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "supervision_kinds": sorted(SUPERVISION),
+                "engine": self.engine_name,
                 "cuda": torch.cuda.is_available(), "data_planes": self.planes, "cuda_uuid": self.cuda_uuid,
                 "wire_version": wire.VERSION,
                 "max_body": self.limits.max_body, "max_elements": self.limits.max_elements}
@@ -132,11 +136,14 @@ class TargetService:
     def embeddings_frame(self) -> bytes:
         emb = self.engine.embeddings()
         tensors = {"embeddings": emb}
-        if hasattr(self.engine, "lm_head_weight"):
-            head = self.engine.lm_head_weight()
+        try:
+            head, norm = self.engine.lm_head_weight(), self.engine.final_norm_weight()
+        except TargetError:  # an engine without a head: clients' lm_head_weight() then says so
+            head = norm = None
+        if head is not None:
             if head.data_ptr() != emb.data_ptr():  # tied targets send the matrix once
                 tensors["lm_head"] = head
-            tensors["final_norm"] = self.engine.final_norm_weight()
+            tensors["final_norm"] = norm
         return wire.encode(tensors, {"tied": bool(self.info.tied), "has_head": "final_norm" in tensors})
 
     def push_vocab_map(self, frame: wire.Frame) -> dict:
@@ -186,18 +193,21 @@ class TargetService:
                 raise wire.FrameError(f"features: data-plane session {str(session)[:32]!r} is unknown here; "
                                       f"POST /data-plane again", 409, redo="data-plane")
         batch = Batch(ids, t["attention_mask"], t["loss_mask"])
-        if mode == "eagle3":
+        if mode == "supervision":
+            kind = SUPERVISION.get(meta.get("kind")) if isinstance(meta.get("kind"), str) else None
+            if kind is None:
+                raise wire.FrameError(f"features: meta.kind {str(meta.get('kind'))[:32]!r} is not a supervision kind "
+                                      f"this server knows ({sorted(SUPERVISION)})", 422)
             vid = meta.get("vocab_id")
             with self.lock:
-                if not isinstance(vid, str) or vid not in self.vocab_maps:
+                if kind.vocab and (not isinstance(vid, str) or vid not in self.vocab_maps):
                     raise wire.FrameError(f"features: vocab_id {str(vid)[:32]!r} is unknown here; POST /vocab-map first", 409,
                                           redo="vocab-map")
-                draft_ids = self.vocab_maps[vid]
-                feats = self.engine.features(batch, layer_ids, logits=True)
-                sup = eagle3_supervision(batch, feats, draft_ids)
+                draft_ids = self.vocab_maps[vid] if kind.vocab else None
+                feats = self.engine.features(batch, layer_ids, logits=kind.logits)
+                sup = supervise(kind.name, batch, feats, draft_ids)
                 self.stats["features_served"] += 1
-            return self._answer({"aux_hidden": sup.aux_hidden, "input_ids": sup.input_ids, "loss_mask": sup.loss_mask,
-                                 "target_probs": sup.target_probs, "position_mask": sup.position_mask}, session, channel)
+            return self._answer(supervision_tensors(sup), session, channel)
         if mode == "features":
             with self.lock:
                 feats = self.engine.features(batch, layer_ids, logits=bool(meta.get("logits")))
@@ -206,7 +216,7 @@ class TargetService:
             if feats.logits is not None:
                 out["logits"] = feats.logits
             return self._answer(out, session, channel)
-        raise wire.FrameError(f"features: meta.mode {str(mode)[:32]!r} must be 'eagle3' or 'features'", 422)
+        raise wire.FrameError(f"features: meta.mode {str(mode)[:32]!r} must be 'supervision' or 'features'", 422)
 
     def _answer(self, out: dict, session: Optional[str], channel: Optional[Channel]):
         if channel is None:

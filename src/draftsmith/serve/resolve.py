@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from draftsmith.drafts import DFLASH_ARCHS, family_of_config  # noqa: F401 (DFLASH_ARCHS: re-exported)
 from draftsmith.weights import read_tensors
 
 SAFETENSORS = "model.safetensors"
@@ -30,7 +31,6 @@ TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
 # Files an engine or tokenizer needs next to the weights; copied into every export.
 TOKENIZER_ASSETS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
-DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -78,19 +78,8 @@ class Draft:
 
 
 def draft_family(config: dict) -> str:
-    """Classify a draft config: DFlash family by architecture or ``dflash_config``, P-EAGLE by
-    ``parallel_drafting``, otherwise EAGLE-3. JetSpec = DFlash with ``dflash_config.causal``;
-    Domino = DFlash with ``dflash_config.projector_type: domino``."""
-    archs = config.get("architectures") or []
-    dflash = config.get("dflash_config")
-    if any(a in DFLASH_ARCHS for a in archs) or isinstance(dflash, dict):
-        dflash = dflash or {}
-        if str(dflash.get("projector_type", "")).lower() == "domino":
-            return "domino"
-        return "jetspec" if dflash.get("causal") else "dflash"
-    if config.get("parallel_drafting"):
-        return "peagle"
-    return "eagle3"
+    """``eagle3`` | ``peagle`` | ``dflash`` | ``jetspec`` | ``domino`` (the registry's classification)."""
+    return family_of_config(config)
 
 
 def is_dflash_family(family: str) -> bool:

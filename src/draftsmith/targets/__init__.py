@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Protocol, Sequence
 
 if TYPE_CHECKING:  # torch is only needed for annotations here
     from torch import Tensor
@@ -77,7 +77,13 @@ class Features:
 
 
 class Engine(Protocol):
-    """The engine contract every target backend implements."""
+    """The engine contract every target backend implements.
+
+    Beyond features, the trainer needs the target's weights (a draft copies or shares them) and
+    supervision of a named kind (targets/contract.py :data:`~draftsmith.targets.contract.SUPERVISION`).
+    Co-located engines get :meth:`set_vocab_map` and :meth:`supervision` from :class:`ColocatedEngine`;
+    the remote engine computes supervision on its servers.
+    """
 
     def info(self) -> TargetInfo: ...
 
@@ -86,7 +92,42 @@ class Engine(Protocol):
     def embeddings(self) -> "Tensor":  # (V, H) input embedding
         ...
 
+    def lm_head_weight(self) -> "Tensor":  # (V, H) output projection; TargetError when unavailable
+        ...
+
+    def final_norm_weight(self) -> "Tensor":  # (H,) final norm weight; TargetError when unavailable
+        ...
+
+    def set_vocab_map(self, draft_ids: Optional["Tensor"]) -> None:  # (Vd,) int64, None = full vocab
+        ...
+
+    def supervision(self, kind: str, batches: Iterable[Batch],
+                    layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:  # (batch, supervision) in order
+        ...
+
     def close(self) -> None: ...
+
+
+class ColocatedEngine:
+    """:meth:`set_vocab_map` and :meth:`supervision` for engines that run the target in this process.
+
+    The supervision math runs here on the engine's own features, one batch at a time. The vocab map
+    is kept for kinds that project onto the draft vocab (``eagle3``); others ignore it.
+    """
+
+    _draft_ids: Optional["Tensor"] = None
+
+    def set_vocab_map(self, draft_ids: Optional["Tensor"]) -> None:
+        """Use ``draft_ids`` (Vd,) int64 for draft-vocab supervision; None = the full vocab."""
+        self._draft_ids = draft_ids
+
+    def supervision(self, kind: str, batches: Iterable[Batch], layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:
+        """``(batch, supervision of kind)`` for each batch, in order (a generator: ``close()`` stops it)."""
+        from draftsmith.targets.contract import supervise, supervision_kind
+
+        logits = supervision_kind(kind).logits  # an unknown kind fails here, before any forward
+        for b in batches:
+            yield b, supervise(kind, b, self.features(b, layer_ids, logits=logits), self._draft_ids)  # type: ignore[attr-defined]
 
 
 # Dotted paths keep heavy engines lazy: importing this package never imports vllm or sglang.

@@ -3,6 +3,11 @@
 Whatever engine ran the target (hf, vllm, sglang, remote), its :class:`~draftsmith.targets.Features`
 become draft training targets here, so the shift semantics and layer-id defaults exist exactly once.
 
+Supervision kinds (:data:`SUPERVISION`): each draft family names the kind it learns from (``eagle3``
+today; DFlash's unshifted kind next). A kind is a dataclass whose field names are also the tensor
+names on the remote wire, a builder ``(batch, features, draft_ids) -> dataclass`` and two flags
+(does it need logits, does it use the draft-vocab map).
+
 Layer ids follow the vLLM convention: id ``i`` is the residual stream after ``i`` decoder layers,
 ``0`` is the embedding output and ``L`` is the last layer's output before the final norm.
 
@@ -14,8 +19,8 @@ zero tail for the last slot (it has no next token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -96,6 +101,21 @@ def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
     return _spread(1, hi, n)
 
 
+# Default target layer ids by rule name (a draft family names its rule, see drafts/__init__.py):
+# (num_layers, count) -> ids. EAGLE-3's rule always gives 3 ids, so it ignores the count.
+LAYER_ID_RULES: dict[str, Callable[[int, Optional[int]], list[int]]] = {
+    "eagle3": lambda L, n: default_aux_layer_ids(L),
+    "dflash": lambda L, n: dflash_layer_ids(L, n if n is not None else 1),
+}
+
+
+def default_layer_ids(rule: str, num_layers: int, count: Optional[int] = None) -> list[int]:
+    """Default layer ids of ``rule`` (a key of :data:`LAYER_ID_RULES`) for a ``num_layers``-layer target."""
+    if rule not in LAYER_ID_RULES:
+        raise TargetError(f"layer-id rule {rule!r} is unknown; expected one of {sorted(LAYER_ID_RULES)}")
+    return LAYER_ID_RULES[rule](int(num_layers), count)
+
+
 def shift_left(x: Tensor, n: int = 1, dim: int = 1) -> Tensor:
     """``y[..., t, ...] = x[..., t + n, ...]`` along ``dim``; the last ``n`` slots are zero (False).
 
@@ -173,3 +193,64 @@ def eagle3_supervision(batch: "Batch", features: "Features", draft_ids: Optional
         target_probs=shift_left(probs),
         position_mask=loss_mask.bool() & shift_left(in_draft),
     )
+
+
+# ---------------------------------------------------------------------------------- supervision kinds
+@dataclass(frozen=True)
+class SupervisionKind:
+    """One kind of supervision: its dataclass (field names = wire tensor names) and its builder.
+
+    ``build(batch, features, draft_ids)``: draft_ids (Vd,) int64 or None (full vocab) is passed
+    only when ``vocab`` is True. ``logits``: the engine must return full-vocab logits for it.
+    """
+
+    name: str
+    cls: type
+    build: Callable[..., Any]
+    logits: bool
+    vocab: bool
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.cls))
+
+
+SUPERVISION: dict[str, SupervisionKind] = {
+    "eagle3": SupervisionKind("eagle3", Eagle3Supervision, eagle3_supervision, logits=True, vocab=True),
+}
+
+
+def supervision_kind(name: str) -> SupervisionKind:
+    """The :class:`SupervisionKind` called ``name``; an unknown name is a one-line :class:`TargetError`."""
+    kind = SUPERVISION.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise TargetError(f"supervision kind {str(name)[:32]!r} is unknown; expected one of {sorted(SUPERVISION)}")
+    return kind
+
+
+def supervise(kind: str, batch: "Batch", features: "Features", draft_ids: Optional[Tensor]) -> Any:
+    """Supervision of ``kind`` for ``batch`` from its ``features`` (``draft_ids`` ignored by vocab-free kinds)."""
+    k = supervision_kind(kind)
+    return k.build(batch, features, draft_ids) if k.vocab else k.build(batch, features)
+
+
+def supervision_tensors(sup: Any) -> dict[str, Tensor]:
+    """A supervision dataclass -> {field name: tensor} in field order (what goes on the wire)."""
+    return {f.name: getattr(sup, f.name) for f in fields(sup)}
+
+
+def supervision_from_tensors(kind: str, tensors: Mapping[str, Tensor]) -> Any:
+    """The inverse of :func:`supervision_tensors`; the names must be exactly the kind's fields."""
+    k = supervision_kind(kind)
+    if set(tensors) != set(k.tensor_names):
+        raise TargetError(f"{kind} supervision: got tensors {sorted(tensors)}, expected {list(k.tensor_names)}; "
+                          f"client and server versions disagree")
+    return k.cls(**{n: tensors[n] for n in k.tensor_names})
+
+
+def supervision_to(sup: Any, device: Any) -> Any:
+    """A copy of ``sup`` with every tensor on ``device`` (``sup`` itself when all already are)."""
+    t = supervision_tensors(sup)
+    if all(v.device == torch.device(device) for v in t.values()):
+        return sup
+    return type(sup)(**{n: v.to(device) for n, v in t.items()})

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from draftsmith.targets import Batch, Features, TargetInfo
+from draftsmith.targets import Batch, ColocatedEngine, Features, TargetInfo
 from draftsmith.targets.contract import TargetError, validate_layer_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,7 +47,7 @@ def info_from_config(cfg, *, dtype: str, tied: bool, vocab_size: Optional[int] =
     )
 
 
-class HFEngine:
+class HFEngine(ColocatedEngine):
     """A frozen HF causal LM behind the :class:`~draftsmith.targets.Engine` contract.
 
     ``target`` is a HF checkpoint directory or ``"smollm2"`` (the embedded default, see

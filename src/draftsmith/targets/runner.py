@@ -22,7 +22,7 @@ from typing import Optional, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from draftsmith.targets import Batch, Features, TargetInfo
+from draftsmith.targets import Batch, ColocatedEngine, Features, TargetInfo
 from draftsmith.targets.contract import TargetError, rebuild_logits, validate_layer_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,7 +94,7 @@ def target_info(path: Path, dtype: str, tied: bool) -> TargetInfo:
                             dtype=dtype, tied=tied)
 
 
-class RunnerEngine:
+class RunnerEngine(ColocatedEngine):
     """An :class:`~draftsmith.targets.Engine` over any :class:`Runner` (subclasses set ``self.runner``).
 
     ``path`` is a HF checkpoint directory, ``dtype`` the dtype the runner computes in. Features equal

@@ -1,7 +1,8 @@
-"""The EAGLE-3 trainer. Reads top to bottom: setup, loop, eval, save.
+"""The draft trainer. Reads top to bottom: setup, loop, eval, save.
 
-The target runs co-located through an engine; each micro-batch is turned into features, the
-shared EAGLE-3 supervision (targets/contract.py) and one training-time-test forward of the draft.
+The draft family (``draft.type``, drafts/__init__.py) decides the model, the supervision kind it
+learns from and its metrics; the engine turns each micro-batch into that supervision (co-located:
+features + targets/contract.py here; remote: on the servers), then the draft runs one forward.
 Everything that decides the result (data order, optimizer, schedule, RNG) is restored by
 ``resume`` so a resumed run reaches the same weights as an uninterrupted one.
 """
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -20,9 +21,9 @@ from draftsmith.config import RunConfig, dump_config
 from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
+from draftsmith.drafts import get_family
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import Eagle3Supervision, default_aux_layer_ids, eagle3_supervision, validate_layer_ids
+from draftsmith.targets.contract import default_layer_ids, supervision_to, validate_layer_ids
 from draftsmith.train import checkpoint as ckpt
 
 
@@ -67,29 +68,16 @@ class Cosine:
         self.anchor_p, self.anchor_step, self.end = self.progress(anchor), anchor, max(end, anchor + 1)
 
 
-def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_aux: int) -> Eagle3Draft:
-    """An EAGLE-3 draft shaped like one target decoder layer, over the selected draft vocab."""
-    return Eagle3Draft(
-        Eagle3Config(
-            hidden_size=info.hidden_size,
-            target_hidden_size=info.hidden_size,
-            num_attention_heads=info.num_attention_heads,
-            num_key_value_heads=info.num_key_value_heads,
-            head_dim=info.head_dim,
-            intermediate_size=info.intermediate_size,
-            vocab_size=info.vocab_size,
-            draft_vocab_size=int(vocab.draft_ids.numel()),
-            num_aux=num_aux,
-            rms_norm_eps=info.rms_norm_eps,
-            rope_theta=info.rope_theta,
-            rope_scaling=info.rope_scaling,
-            max_position_embeddings=info.max_position_embeddings,
-            fc_norm=cfg.draft.fc_norm,
-            norm_output=cfg.draft.norm_output,
-            ttt_steps=cfg.draft.ttt_steps,
-            step_weight=cfg.draft.step_weight,
-        )
-    )
+def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_layer_ids: int):
+    """A fresh draft of family ``draft.type`` for this target, over the selected draft vocab."""
+    family = get_family(cfg.draft.type)
+    return family.Model(family.config_from_target(info, cfg.draft, draft_vocab_size=int(vocab.draft_ids.numel()),
+                                                  num_layer_ids=num_layer_ids))
+
+
+def add_sums(total: Optional[dict], sums: dict) -> dict:
+    """Element-wise sum of two metric-sum dicts (``total`` None = start from ``sums``)."""
+    return dict(sums) if total is None else {k: total[k] + v for k, v in sums.items()}
 
 
 def remote_options(cfg: RunConfig) -> dict:
@@ -117,36 +105,58 @@ class Trainer:
     """Holds the run state; :meth:`run` is the whole training job."""
 
     def __init__(self, cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True):
-        from transformers import AutoTokenizer
-
-        from draftsmith.models import resolve_target
-
-        # ---------------------------------------------------------------- setup
         self.cfg, self.progress = cfg, progress
+        self.family = get_family(cfg.draft.type)  # drafts/<family>.py: model, supervision kind, metrics
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         torch.manual_seed(cfg.train.seed)
         self.out = Path(cfg.output.dir)
         self.ckpt_root = self.out / "checkpoints"
-        resume_dir = ckpt.resolve_resume(Path(resume)) if resume else None
-        saved = ckpt.load_checkpoint(resume_dir) if resume_dir else None  # fail before heavy work
+        self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
+        saved = ckpt.load_checkpoint(self.resumed_from) if self.resumed_from else None  # fail before heavy work
+        was_type = saved["meta"].get("draft_type", "eagle3") if saved else cfg.draft.type
+        if was_type != cfg.draft.type:
+            raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
+                                       f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
         for spec in cfg.data.sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
+        self._open_engine()
+        self._load_data()
+        self._build_vocab(saved)
+        self._build_draft()
+        self._build_optimizer()
+        if saved is not None:
+            self._restore(saved)
+        self.writer = None
+        if cfg.output.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
 
+            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+
+    # ------------------------------------------------------------------ setup steps
+    def _open_engine(self) -> None:
+        """The target's engine, its info, the layer ids the draft reads and the tokenizer."""
+        from transformers import AutoTokenizer
+
+        from draftsmith.models import resolve_target
+
+        cfg = self.cfg
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype,
                                   **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
                                   **(remote_options(cfg) if cfg.target.engine == "remote" else {}))
         self.info = self.engine.info()
         L = self.info.num_layers
-        self.aux_ids = validate_layer_ids(cfg.target.aux_layer_ids or default_aux_layer_ids(L), L)
+        rule, count = self.family.layer_rule(cfg.draft)
+        self.aux_ids = validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, L, count), L)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
-        convs, self.data_report = load_conversations(
-            cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed
-        )
+    def _load_data(self) -> None:
+        """Conversations -> rendered examples -> train / held-out split."""
+        cfg = self.cfg
+        convs, self.data_report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
         examples, self.dropped = build_examples(
             convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template
         )
@@ -154,6 +164,11 @@ class Trainer:
         self.train_set, self.eval_set = split_holdout(
             examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
         )
+
+    def _build_vocab(self, saved: Optional[dict]) -> None:
+        """The draft vocab (the checkpoint's on resume), told to the engine: a remote one computes
+        draft-vocab supervision on its servers (pushed on start and resume)."""
+        cfg = self.cfg
         cache_dir = Path(cfg.data.vocab_cache_dir) if cfg.data.vocab_cache_dir else self.out / "cache"
         draft_vocab_size = cfg.data.draft_vocab_size or self.info.vocab_size
         if saved is not None:  # the checkpoint's vocab map wins: the draft's lm_head rows follow it
@@ -163,18 +178,19 @@ class Trainer:
         else:
             self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
         self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
-        if hasattr(self.engine, "set_vocab_map"):  # remote: servers compute draft-vocab probs (on start and resume)
-            self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
+        self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
 
-        self.draft = build_draft(cfg, self.info, self.vocab, len(self.aux_ids))
-        self.draft.load_target_embeddings(self.engine.embeddings(), freeze=cfg.draft.freeze_embeddings)
-        if self.pruned:
-            self.draft.set_vocab_map(self.vocab.d2t, self.vocab.t2d)
-        if cfg.draft.init_from_target and hasattr(self.engine, "lm_head_weight"):
-            self.draft.init_from_target(self.engine.lm_head_weight(), self.vocab.draft_ids,
-                                        self.engine.final_norm_weight())
+    def _build_draft(self) -> None:
+        """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
+        self.draft = build_draft(self.cfg, self.info, self.vocab, len(self.aux_ids))
+        self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
+                                  head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight()),
+                                  vocab=self.vocab)
+
+    def _build_optimizer(self) -> None:
+        """AdamW over the trainable parameters, and the LR schedule over the run's optimizer steps."""
+        t = self.cfg.train
         params = [p for p in self.draft.parameters() if p.requires_grad]
-        t = cfg.train
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
         self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / t.batch_size) / t.grad_accum)
         self.total_steps = self.steps_per_epoch * t.epochs
@@ -185,88 +201,75 @@ class Trainer:
         self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.step, self.epoch, self.batch_pos = 0, 0, 0  # batch_pos: micro-batches done in this epoch
-        if saved is not None:
-            # batch_pos indexes this epoch's order: it must be the order the checkpoint was cut from.
-            was, now = saved["meta"].get("data_order"), self.data_order()
-            if was is not None and was != now:
-                diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
-                raise ckpt.CheckpointError(
-                    f"{resume_dir}: the data order changed since this checkpoint ({diff}); resume with the "
-                    f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
-            self.draft.load_state_dict(saved["model_state"])
-            self.optimizer.load_state_dict(saved["optim"]["optimizer"])
-            self.scheduler.load_state_dict(saved["optim"]["scheduler"])
-            ckpt.set_rng_state(saved["rng"])
-            meta = saved["meta"]
-            self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
-            # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
-            # budget re-aims the curve at total_steps from here, without a jump.
-            if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
-                self.schedule.refit(self.step, self.total_steps)
-        self.resumed_from = resume_dir
-        self.writer = None
-        if cfg.output.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+    def _restore(self, saved: dict) -> None:
+        """Draft, optimizer, scheduler, RNG and data position from a checkpoint."""
+        t = self.cfg.train
+        # batch_pos indexes this epoch's order: it must be the order the checkpoint was cut from.
+        was, now = saved["meta"].get("data_order"), self.data_order()
+        if was is not None and was != now:
+            diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
+            raise ckpt.CheckpointError(
+                f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
+                f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
+        self.draft.load_state_dict(saved["model_state"])
+        self.optimizer.load_state_dict(saved["optim"]["optimizer"])
+        self.scheduler.load_state_dict(saved["optim"]["scheduler"])
+        ckpt.set_rng_state(saved["rng"])
+        meta = saved["meta"]
+        self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
+        # budget re-aims the curve at total_steps from here, without a jump.
+        if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
+            self.schedule.refit(self.step, self.total_steps)
 
     # ------------------------------------------------------------------ one micro-batch
-    def supervise(self, micro: Iterable[list[Example]]) -> Iterator[tuple[Batch, Eagle3Supervision]]:
-        """(batch, EAGLE-3 supervision) per micro-batch, in order.
+    def supervise(self, micro: Iterable[list[Example]]) -> Iterator[tuple[Batch, Any]]:
+        """(batch, supervision of the family's kind) per micro-batch, in order.
 
         A remote engine computes supervision server-side with prefetch_depth requests in flight
         (full-vocab logits never cross the wire); co-located engines run features + contract here.
         """
         batches = (collate(examples, self.pad_id) for examples in micro)
-        if hasattr(self.engine, "eagle3_stream"):
-            return self.engine.eagle3_stream(batches, self.aux_ids)
-        draft_ids = self.vocab.draft_ids if self.pruned else None
-        return ((b, eagle3_supervision(b, self.engine.features(b, self.aux_ids, logits=True), draft_ids))
-                for b in batches)
+        return self.engine.supervision(self.family.SUPERVISION, batches, self.aux_ids)
 
-    def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Eagle3Supervision]] = None):
-        """Features from the target -> EAGLE-3 supervision -> draft TTT forward.
+    def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Any]] = None):
+        """Supervision for ``examples`` -> one draft forward -> (output with .loss and .sums, real tokens).
 
         ``supervised`` is the (batch, supervision) pair :meth:`supervise` made for ``examples``
         (computed here when None).
         """
         batch, sup = supervised if supervised is not None else next(iter(self.supervise([examples])))
-        device = self.draft.model.fc.weight.device
-        if sup.aux_hidden.device != device:  # the nccl data plane delivers on the GPU the channel uses
-            sup = Eagle3Supervision(**{f.name: getattr(sup, f.name).to(device) for f in fields(sup)})
+        # the nccl data plane delivers on the GPU the channel uses
+        sup = supervision_to(sup, next(self.draft.parameters()).device)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16):
-            out = self.draft(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
+            out = self.draft.supervised(sup)
         return out, int(batch.attention_mask.sum())
 
-    def train_window(self, window: list[list[Example]],
-                     sups: Optional[Iterator[tuple[Batch, Eagle3Supervision]]] = None) -> dict:
+    def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None) -> dict:
         """One optimizer step over ``window`` (up to grad_accum micro-batches).
 
         Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
         than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
         single batch holding its rows, not under-weighted by 1/grad_accum. ``sups`` yields the
-        window's (batch, supervision) pairs in order (from :meth:`supervise`).
+        window's (batch, supervision) pairs in order (from :meth:`supervise`). Returns the loss,
+        the real tokens and the family's metric sums over the window.
         """
         t = self.cfg.train
         self.draft.train()
-        loss, tokens, correct0, count0 = 0.0, 0, 0, 0
-        prefix = counts = None
+        loss, tokens, sums = 0.0, 0, None
         for examples in window:
             out, n_tok = self.forward(examples, next(sups) if sups is not None else None)
             (out.loss / len(window)).backward()
             tokens += n_tok
             loss += float(out.loss.detach()) / len(window)
-            prefix = out.prefix_correct if prefix is None else prefix + out.prefix_correct
-            counts = out.step_count if counts is None else counts + out.step_count
-            correct0 += int(out.step_correct[0])
-            count0 += int(out.step_count[0])
+            sums = add_sums(sums, out.sums)
         if t.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad], t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss, "tokens": tokens, "acc0": correct0 / max(count0, 1),
-                "prefix_correct": prefix, "step_count": counts}
+        return {"loss": loss, "tokens": tokens, "sums": sums}
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
@@ -289,19 +292,20 @@ class Trainer:
                 window = mbs[self.batch_pos : self.batch_pos + t.grad_accum]
                 stats = self.train_window([[self.train_set[i] for i in idx] for idx in window], sups)
                 tokens += stats["tokens"]
-                loss_sum, acc0 = stats["loss"], stats["acc0"]
-                tau = float(simulated_tau(stats["prefix_correct"], stats["step_count"]))
+                loss_sum = stats["loss"]
+                summary = self.family.summarize(stats["sums"])
+                scalars = self.family.scalars(summary)
                 self.step += 1
                 self.batch_pos += len(window)
                 history.append((self.step, loss_sum))
                 elapsed = time.perf_counter() - start
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{acc0:.3f}", tau=f"{tau:.2f}",
+                bar.set_postfix(loss=f"{loss_sum:.3f}", **{k: f"{scalars[v]:.3f}" for k, v in self.family.PROGRESS.items()},
                                 tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
                 if self.writer is not None and (self.step % max(t.log_every, 1) == 0 or self.step == 1):
                     self.writer.add_scalar("train/loss", loss_sum, self.step)
-                    self.writer.add_scalar("train/acc0", acc0, self.step)
-                    self.writer.add_scalar("train/simulated_tau", tau, self.step)
+                    for name, value in scalars.items():
+                        self.writer.add_scalar(f"train/{name}", value, self.step)
                     self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
                     self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
                 stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
@@ -321,7 +325,7 @@ class Trainer:
                 if t.spec_eval_every and self.step % t.spec_eval_every == 0 and not stop:
                     from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
 
-                    trainer_spec_eval(self, simulated=tau)
+                    trainer_spec_eval(self, simulated=summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
             if self.batch_pos >= len(mbs):
                 self.epoch, self.batch_pos = self.epoch + 1, 0
@@ -378,34 +382,27 @@ class Trainer:
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out loss, per-step accuracy and simulated tau (sums over the whole split)."""
+        """Held-out loss (mean over micro-batches) and the family's summary of its metric sums over
+        the whole split (EAGLE-3: per-step accuracy, simulated tau, positions)."""
         if not self.eval_set:
             return {}
         self.draft.eval()
         t = self.cfg.train
-        K = self.cfg.draft.ttt_steps
-        correct, prefix, count = torch.zeros(K), torch.zeros(K), torch.zeros(K)
-        loss_sum, n = 0.0, 0
+        sums, loss_sum, n = None, 0.0, 0
         starts = list(range(0, len(self.eval_set), t.batch_size))[: t.eval_max_batches]
         micro = [self.eval_set[start : start + t.batch_size] for start in starts]
+        if not micro:  # train.eval_max_batches: 0
+            return {}
         for examples, supervised in zip(micro, self.supervise(micro)):
             out, _ = self.forward(examples, supervised)
-            correct += out.step_correct.float()
-            prefix += out.prefix_correct.float()
-            count += out.step_count.float()
+            sums = add_sums(sums, {k: v.float() for k, v in out.sums.items()})
             loss_sum += float(out.loss.detach())
             n += 1
-        metrics = {
-            "loss": loss_sum / max(n, 1),
-            "step_accuracy": (correct / count.clamp(min=1)).tolist(),
-            "simulated_tau": float(simulated_tau(prefix, count)),
-            "positions": int(count[0]),
-        }
+        metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
         if self.writer is not None:
             self.writer.add_scalar("eval/loss", metrics["loss"], self.step)
-            self.writer.add_scalar("eval/simulated_tau", metrics["simulated_tau"], self.step)
-            for k, a in enumerate(metrics["step_accuracy"]):
-                self.writer.add_scalar(f"eval/acc{k}", a, self.step)
+            for name, value in self.family.scalars(metrics).items():
+                self.writer.add_scalar(f"eval/{name}", value, self.step)
         return metrics
 
     # ------------------------------------------------------------------ save
@@ -439,8 +436,8 @@ class Trainer:
 
 def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
           announce: Optional[Callable[[str], None]] = None) -> TrainResult:
-    """Train an EAGLE-3 draft as ``cfg`` says; see :class:`Trainer`. ``announce`` gets the setup
-    summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
+    """Train a draft of family ``draft.type`` as ``cfg`` says; see :class:`Trainer`. ``announce`` gets
+    the setup summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
         for line in trainer.describe() if announce else ():

@@ -1,0 +1,58 @@
+"""The draft-family registry: classification of exported configs, lazy lookup, the family contract."""
+
+import pytest
+import torch
+
+from draftsmith.config import CHOICES, ConfigError, build_config
+from draftsmith.drafts import FAMILIES, KNOWN_FAMILIES, DraftError, family_of_config, get_family
+
+# What drafts/__init__.py says every family module exports (P-EAGLE / DFlash must pass this too).
+CONTRACT = ("SUPERVISION", "PROGRESS", "layer_rule", "config_from_target", "config_from_export", "Model",
+            "attach_target", "summarize", "scalars", "describe", "load_exported", "layer_ids_from_export")
+
+
+@pytest.mark.parametrize("config, family", [
+    ({"architectures": ["LlamaEagle3DraftModel"], "parallel_drafting": False}, "eagle3"),
+    ({"architectures": ["LlamaForCausalLMEagle3"]}, "eagle3"),
+    ({"architectures": ["LlamaEagle3DraftModel"], "parallel_drafting": True}, "peagle"),
+    ({"architectures": ["Qwen3DFlashDraftModel"], "dflash_config": {"block_size": 8}}, "dflash"),
+    ({"architectures": ["Qwen3DFlashDraftModel"], "dflash_config": {"causal": True}}, "jetspec"),
+    ({"dflash_config": {"projector_type": "Domino"}}, "domino"),
+])
+def test_family_of_config(config, family):
+    assert family_of_config(config) == family
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_registered_families_export_the_contract(name):
+    module = get_family(name)
+    missing = [n for n in CONTRACT if not hasattr(module, n)]
+    assert not missing, f"{FAMILIES[name]} lacks {missing}"
+    assert isinstance(module.SUPERVISION, str) and name in KNOWN_FAMILIES
+    for attr in ("supervised", "export_config"):
+        assert callable(getattr(module.Model, attr))
+
+
+def test_known_but_unsupported_and_unknown_families_are_one_line_errors():
+    with pytest.raises(DraftError, match=r"^draft family 'peagle' is not supported by this draftsmith yet; supported: eagle3$"):
+        get_family("peagle")
+    with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3$"):
+        get_family("medusa")
+
+
+def test_draft_type_choices_come_from_the_registry():
+    assert CHOICES["draft.type"] == tuple(FAMILIES)
+    with pytest.raises(ConfigError, match="draft.type"):
+        build_config({"draft": {"type": "peagle"}})
+
+
+def test_eagle3_summary_from_summed_micro_batches():
+    eagle3 = get_family("eagle3")
+    a = {"step_correct": torch.tensor([4, 3, 2]), "prefix_correct": torch.tensor([4, 2, 1]), "step_count": torch.tensor([5, 4, 3])}
+    b = {"step_correct": torch.tensor([1, 0, 0]), "prefix_correct": torch.tensor([1, 0, 0]), "step_count": torch.tensor([5, 4, 1])}
+    s = eagle3.summarize({k: a[k] + b[k] for k in a})
+    assert s["step_accuracy"] == pytest.approx([5 / 10, 3 / 8, 2 / 4])
+    assert s["simulated_tau"] == pytest.approx(1 + 5 / 10 + 2 / 8 + 1 / 4) and s["positions"] == 10
+    assert eagle3.scalars(s) == pytest.approx({"simulated_tau": s["simulated_tau"], "acc0": 0.5, "acc1": 0.375, "acc2": 0.5})
+    assert set(eagle3.PROGRESS.values()) <= set(eagle3.scalars(s))
+    assert eagle3.describe(s) == "per-step accuracy [0.500 0.375 0.500]  simulated tau 2.000"
