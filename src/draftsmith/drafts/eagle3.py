@@ -76,8 +76,17 @@ class Eagle3Config:
     def from_export(cls, config: dict) -> "Eagle3Config":
         """Rebuild the config from an exported config.json dict (inverse of `Eagle3Draft.export_config`).
 
-        Also reads plain third-party EAGLE-3 configs: missing fields take vLLM's defaults.
+        Also reads plain third-party EAGLE-3 configs: missing fields take vLLM's defaults. A P-EAGLE
+        config (`parallel_drafting: true`) is refused: its extra layers and mask_hidden would be lost.
         """
+        if config.get("parallel_drafting"):
+            raise ValueError("config.json has parallel_drafting=true (a P-EAGLE draft), expected an EAGLE-3 "
+                             "config; load it with draftsmith.drafts.peagle.PEagleConfig.from_export")
+        return cls(**cls.export_fields(config))
+
+    @staticmethod
+    def export_fields(config: dict) -> dict:
+        """The EAGLE-3 constructor fields an exported config.json dict holds (shared with P-EAGLE)."""
         eagle = config.get("eagle_config") or {}
         layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         num_aux = config.get("num_aux_hidden_states") or (len(layer_ids) if layer_ids else 3)
@@ -89,7 +98,7 @@ class Eagle3Config:
             rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         extra = config.get("draftsmith") or {}
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
-        return cls(
+        return dict(
             hidden_size=hidden,
             target_hidden_size=config.get("target_hidden_size") or hidden,
             num_attention_heads=heads,
@@ -105,8 +114,8 @@ class Eagle3Config:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             fc_norm=bool(config.get("fc_norm", False)),
             norm_output=bool(config.get("norm_output", False)),
-            ttt_steps=extra.get("ttt_steps", cls.ttt_steps),
-            step_weight=extra.get("step_weight", cls.step_weight),
+            ttt_steps=extra.get("ttt_steps", Eagle3Config.ttt_steps),
+            step_weight=extra.get("step_weight", Eagle3Config.step_weight),
         )
 
 
@@ -162,19 +171,21 @@ def shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class Eagle3Attention(nn.Module):
-    """Q/K/V/O projections; q/k/v read the fused 2H input. The attention pattern lives in the draft."""
+    """Q/K/V/O projections; q/k/v read the fused 2H input (`input_size`, default 2H; P-EAGLE's
+    layers 1..L-1 read H). The attention pattern lives in the draft."""
 
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: Eagle3Config, input_size: int | None = None):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
+        inp = 2 * h if input_size is None else input_size
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.q_proj = nn.Linear(inp, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(inp, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(inp, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x (B, T, 2H) -> q (B, h, T, d), k and v (B, h_kv, T, d); q and k rotated by cos/sin (B, T, d)."""
+        """x (B, T, 2H or input_size) -> q (B, h, T, d), k and v (B, h_kv, T, d); q, k rotated by cos/sin (B, T, d)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)

@@ -1,0 +1,344 @@
+"""P-EAGLE (parallel drafting): an EAGLE-3 draft that proposes K tokens in ONE forward.
+
+Model math only (no I/O, no engines). The draft is the EAGLE-3 draft (fc, the fused 2H layer 0,
+norm, lm_head over the draft vocab, d2t/t2d) plus plain Llama layers 1..L-1 on H and a learned
+`mask_hidden` (1, 1, n*Ht) that stands in for the target's aux states where no target state exists.
+
+Elements. Slot (anchor a, depth d) predicts token_{a+d+2} (EAGLE-3's shift: slot t predicts
+token_{t+2}); its reference position is ref = a + d, RoPE position a + d:
+    depth 0:  hidden = fc(aux_a),        token = input_ids[a] (= token_{a+1})
+    depth d:  hidden = fc(mask_hidden),  token = mask_token_id
+Visibility (one attention over all elements of a row):
+    visible(q, kv) = (depth_kv == 0 and anchor_q >= anchor_kv) or (anchor_q == anchor_kv and depth_q >= depth_kv)
+i.e. every query sees the real context up to its anchor plus its own anchor's mask slots up to itself.
+
+What vLLM 0.32 runs (read from its source; this is what `propose` reproduces):
+- vllm/config/speculative.py: `parallel_drafting` is a speculative-config field (config.json's own
+  `parallel_drafting` is not read); method stays `eagle3` (speculators `peagle` maps to it).
+- vllm/v1/spec_decode/llm_base_proposer.py `_init_parallel_drafting_params`: the mask token is
+  `dflash_config.mask_token_id`, else `mask_token_id`, else `dspark_noise_token_id`, `pard_token`,
+  `ptd_token_id`. `load_model` computes the mask slots' hidden once as
+  `combine_hidden_states(mask_hidden)` (fc_norm + fc, like real aux states).
+- Same file, `set_inputs_first_pass` + vllm/v1/spec_decode/utils.py
+  `copy_and_expand_eagle_inputs_kernel` (shift_input_ids=True for eagle3): for a request whose new
+  target tokens sit at positions p..p+n, draft slot j = (target hidden at p+j, token at p+j+1) at
+  position p+j; slot n holds (hidden at p+n, the target's newly sampled "bonus" token); slots
+  n+1..n+K-1 hold (mask hidden, mask token) at positions p+n+1..p+n+K-1. Hidden states are not shifted.
+  The K sampled rows are slots n..n+K-1 (`token_indices_to_sample`), argmax of `compute_logits`
+  (lm_head(norm(.)), draft ids mapped through d2t); `propose` returns after this one forward.
+- The draft attends causally through its own KV cache. Cache positions below p were written by
+  earlier rounds' real (depth-0) slots; mask slots written in an earlier round sit at positions >= p
+  and are overwritten this round. So a mask slot at depth d sees the depth-0 entries (aux_t, token_{t+1})
+  of the whole prefix t <= anchor plus mask slots 1..d: exactly the visibility rule above.
+- vllm/model_executor/models/llama_eagle3.py: `LlamaModel` builds `num_hidden_layers` layers; layer 0
+  reads cat(input_layernorm(embed), hidden_norm(h)) (2H, residual = h), layers >= 1 are plain Llama
+  layers on H (input_layernorm/post_attention_layernorm fused with the residual add). Weights:
+  `mask_hidden` (top level, reshaped to (1, n*Ht)), every other non-lm_head name gets `model.` prepended,
+  so our `model.layers.{i}.*` keys load once export strips our `model.` prefix. Layers >= 1 also own
+  an unused `hidden_norm` that stays at its init; we do not export one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
+from .layers import RMSNorm, SwiGLU, repeat_kv
+
+__all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
+           "pad_elements", "visibility", "attention_mask"]
+
+
+@dataclass
+class PEagleConfig(Eagle3Config):
+    """EAGLE-3 fields plus the parallel-drafting knobs (`ttt_steps`/`step_weight` are unused here)."""
+
+    mask_token_id: int | None = None  # required: a reserved/unused target id, its embedding is the mask token
+    num_depths: int = 8  # K tokens per forward; must equal vLLM's num_speculative_tokens
+    num_draft_layers: int = 4  # the speculators reference uses 4; layer 0 is the fused 2H layer
+    down_sample_ratio: float = 0.7  # COD keeps max(r^d, r_min) of the candidates at depth d
+    down_sample_ratio_min: float = 0.2
+
+    def __post_init__(self):
+        super().__post_init__()
+        m = self.mask_token_id
+        if m is None or isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
+            raise ValueError(f"mask_token_id={m!r} must be an int in 0..{self.vocab_size - 1} (the target vocab); "
+                             "set it to a reserved or unused token id, e.g. 128002 for Llama-3")
+        for key in ("num_depths", "num_draft_layers"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key}={v!r} must be an int >= 1; set {key} to 1 or more")
+        if not 0.0 < self.down_sample_ratio <= 1.0:
+            raise ValueError(f"down_sample_ratio={self.down_sample_ratio!r} must be in (0, 1]; the default is 0.7")
+        if not 0.0 <= self.down_sample_ratio_min <= 1.0:
+            raise ValueError(f"down_sample_ratio_min={self.down_sample_ratio_min!r} must be in [0, 1]; "
+                             "the default is 0.2")
+
+    @classmethod
+    def from_export(cls, config: dict) -> "PEagleConfig":
+        """Rebuild from an exported config.json dict (inverse of `PEagleDraft.export_config`)."""
+        if config.get("parallel_drafting") is not True:
+            raise ValueError(f"config.json has parallel_drafting={config.get('parallel_drafting')!r}, expected true "
+                             "for a P-EAGLE draft; load an EAGLE-3 config with Eagle3Config.from_export")
+        mask = config.get("mask_token_id", config.get("pard_token"))
+        return cls(**Eagle3Config.export_fields(config), mask_token_id=mask,
+                   num_depths=config.get("num_depths", cls.num_depths),
+                   num_draft_layers=config.get("num_hidden_layers", cls.num_draft_layers),
+                   down_sample_ratio=config.get("down_sample_ratio", cls.down_sample_ratio),
+                   down_sample_ratio_min=config.get("down_sample_ratio_min", cls.down_sample_ratio_min))
+
+
+def cod_sample(valid: torch.Tensor, num_depths: int, ratio: float, ratio_min: float,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Conditional-drop (COD) sample of one row: flat (anchor (N,), depth (N,)) int64.
+
+    valid (T,) bool = the (shifted) loss mask. Depth 0 takes ALL T positions, valid or not: they are
+    the real context every deeper slot attends to (as vLLM's KV cache holds every prefix position),
+    and the loss charges them only where valid. Depth d >= 1 samples reference positions (ref = anchor + d):
+        pool_1 = valid \\ {0}                  (ref 0 would give anchor -1)
+        size_d = int(max(0, n_valid - d) * max(ratio^d, ratio_min)), stop when <= 0
+        sampled = sorted random subset of pool_d of that size (the whole pool if smaller)
+        pool_{d+1} = ((sampled + 1) mod T) \\ {0}, restricted to valid
+    so a depth-d slot exists only where its anchor's depth-(d-1) slot was kept (chains stay whole).
+    """
+    t = valid.shape[0]
+    valid = valid.bool().cpu()
+    anchors, depths = [torch.arange(t)], [torch.zeros(t, dtype=torch.long)]
+    pool = valid.nonzero().flatten()
+    n_valid = pool.numel()
+    pool = pool[pool != 0]
+    for d in range(1, num_depths):
+        size = int(max(0, n_valid - d) * max(ratio ** d, ratio_min))
+        if size <= 0 or pool.numel() == 0:
+            break
+        if pool.numel() >= size:
+            pick = torch.randperm(pool.numel(), generator=generator)[:size]
+            sampled = pool[pick].sort().values
+        else:
+            sampled = pool
+        anchors.append(sampled - d)
+        depths.append(torch.full_like(sampled, d))
+        nxt = (sampled + 1) % t
+        pool = nxt[(nxt != 0) & valid[nxt]]
+    return torch.cat(anchors), torch.cat(depths)
+
+
+def full_sample(length: int, num_depths: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (anchor, depth) with anchor + depth < length, depth-major: the no-COD evaluation set."""
+    anchors = [torch.arange(length - d) for d in range(min(num_depths, length))]
+    depths = [torch.full_like(a, d) for d, a in enumerate(anchors)]
+    return torch.cat(anchors), torch.cat(depths)
+
+
+def pad_elements(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (anchor, depth) lists -> anchor, depth, real, each (B, N_max); padding = (0, -1, False)."""
+    n = max(a.numel() for a, _ in rows)
+    anchor = torch.zeros(len(rows), n, dtype=torch.long)
+    depth = torch.full((len(rows), n), -1, dtype=torch.long)
+    real = torch.zeros(len(rows), n, dtype=torch.bool)
+    for b, (a, d) in enumerate(rows):
+        anchor[b, : a.numel()], depth[b, : a.numel()], real[b, : a.numel()] = a, d, True
+    return anchor, depth, real
+
+
+def visibility(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, N) element lists -> (B, N, N) bool, [b, q, kv] = kv visible to q.
+
+    The predicate between real elements, plus the diagonal for padding queries so that no softmax
+    row is empty (padding rows are never charged). Rows are separate batch entries (no packing).
+    """
+    aq, ak = anchor[:, :, None], anchor[:, None, :]
+    dq, dk = depth[:, :, None], depth[:, None, :]
+    pred = ((dk == 0) & (aq >= ak)) | ((aq == ak) & (dq >= dk))
+    eye = torch.eye(anchor.shape[1], dtype=torch.bool, device=anchor.device)
+    return (pred & real[:, :, None] & real[:, None, :]) | eye
+
+
+def attention_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Dense additive mask (B, 1, N, N) fp32: 0 where visible, -inf elsewhere."""
+    vis = visibility(anchor, depth, real)
+    return torch.zeros(vis.shape, dtype=torch.float32, device=vis.device).masked_fill(~vis, float("-inf"))[:, None]
+
+
+def attend(attn: Eagle3Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d); scores and softmax in fp32."""
+    q, k, v = attn.project(x, cos, sin)  # (B, h, N, d), (B, h_kv, N, d) x2
+    n_rep = attn.num_heads // attn.num_kv_heads
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(attn.head_dim) + mask  # (B, h, N, N)
+    return scores.softmax(-1).to(v.dtype) @ v
+
+
+class PEagleDecoderLayer(nn.Module):
+    """A plain Llama layer on H (`model.layers.{1..L-1}.*`): pre-norm attention and SwiGLU MLP."""
+
+    def __init__(self, cfg: PEagleConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg, input_size=cfg.hidden_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """h (B, N, H) -> (B, N, H): r = h + attn(norm(h)); r + mlp(norm(r))."""
+        out = attend(self.self_attn, self.input_layernorm(h), cos, sin, mask)  # (B, h, N, d)
+        r = h + self.self_attn.o_proj(out.transpose(1, 2).flatten(2))  # (B, N, h*d) -> (B, N, H)
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+@dataclass
+class PEagleOutput:
+    """Training/eval result. `loss` carries grad; the rest are detached (K,) batch sums."""
+
+    loss: torch.Tensor
+    depth_losses: torch.Tensor  # (K,) mean KL per depth over its charged elements
+    depth_correct: torch.Tensor  # (K,) int64: draft argmax == target argmax
+    depth_prefix: torch.Tensor  # (K,) int64: depths 0..d all agree at the same anchor
+    depth_count: torch.Tensor  # (K,) int64: charged elements per depth
+
+    @property
+    def depth_accuracy(self) -> torch.Tensor:
+        """(K,) per-depth top-1 agreement rate."""
+        return self.depth_correct.double() / self.depth_count.double().clamp(min=1)
+
+    @property
+    def simulated_tau(self) -> float:
+        """1 + sum_d P(depths 0..d all agree at one anchor): tokens per target forward (bonus included)."""
+        return simulated_tau(self.depth_prefix, self.depth_count)
+
+
+class PEagleProposal(NamedTuple):
+    """K drafted tokens per row: `token_ids` (B, K) target-vocab ids, `logits` (B, K, Vd) fp32."""
+
+    token_ids: torch.Tensor
+    logits: torch.Tensor
+
+
+class PEagleDraft(Eagle3Draft):
+    """P-EAGLE draft: the EAGLE-3 modules plus layers 1..L-1 and `mask_hidden`.
+
+    Inherits the vocab map, `load_target_embeddings`, `init_from_target`, `combine`, `compute_logits`.
+    """
+
+    def __init__(self, cfg: PEagleConfig):
+        super().__init__(cfg)
+        self.model.layers.extend(PEagleDecoderLayer(cfg) for _ in range(cfg.num_draft_layers - 1))
+        # N(0, 1) like the reference, not 0.02: it passes fc_norm/fc like a real aux state.
+        self.mask_hidden = nn.Parameter(torch.randn(1, 1, cfg.num_aux * cfg.target_hidden_size))
+
+    def iter_steps(self, *args, **kwargs):
+        raise NotImplementedError("PEagleDraft has no training-time-test unroll; use forward() or propose()")
+
+    def run_layers(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+        """All draft layers over a flat element sequence -> norm(h) (B, N, H).
+
+        hidden (B, N, H) layer-0 draft state (fc output), input_ids (B, N) target ids, positions (B, N)
+        RoPE positions, mask (B or 1, 1, N, N) additive fp32.
+        """
+        cos, sin = self.rotary(positions)  # (B, N, d) each
+        layer0 = self.model.layers[0]
+        hidden = hidden.to(self.model.fc.weight.dtype)
+        x = layer0.fuse(self.model.embed_tokens(input_ids), hidden)  # (B, N, 2H)
+        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask), residual=hidden)  # (B, N, H)
+        for layer in self.model.layers[1:]:
+            h = layer(h, cos, sin, mask)
+        return self.model.norm(h)
+
+    def flat_forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, anchor: torch.Tensor,
+                     depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """Elements (B, N) over aux_hidden (B, T, n, Ht) and input_ids (B, T) -> norm(h) (B, N, H)."""
+        h_ctx = self.combine(aux_hidden)  # (B, T, H)
+        a = anchor.clamp(0, input_ids.shape[1] - 1)
+        h0 = h_ctx.gather(1, a[..., None].expand(-1, -1, h_ctx.shape[-1]))  # (B, N, H)
+        is0 = (depth == 0)[..., None]
+        hidden = torch.where(is0, h0, self.combine(self.mask_hidden).to(h0.dtype))  # mask: (1, 1, H)
+        ids = torch.where(depth == 0, input_ids.gather(1, a), self.cfg.mask_token_id)
+        return self.run_layers(hidden, ids, (anchor + depth).clamp(min=0), attention_mask(anchor, depth, real))
+
+    def forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, target_probs: torch.Tensor,
+                loss_mask: torch.Tensor, generator: torch.Generator | None = None, cod: bool = True) -> PEagleOutput:
+        """Parallel-drafting loss over EAGLE-3 supervision (right padding only).
+
+        aux_hidden (B, T, n, Ht) unshifted; input_ids (B, T) = token_{t+1}; target_probs (B, T, Vd) =
+        target distribution of token_{t+2}; loss_mask (B, T) shifted (use Eagle3Supervision.loss_mask:
+        unlike EAGLE-3, elements whose target argmax lies outside the draft vocab stay charged).
+        cod=True samples COD elements per row with `generator`; cod=False takes every (anchor, depth)
+        with ref < T (held-out metrics). Right padding is harmless: padded depth-0 slots are only
+        visible to later (padded, uncharged) anchors.
+            loss = sum_charged KL(p_ref || softmax(logits)) / #charged,  ref = anchor + depth < T,
+        charged where loss_mask[ref] == 1; KL in fp32 summed over the draft vocab.
+        """
+        cfg = self.cfg
+        b, t = input_ids.shape
+        valid = loss_mask.bool()
+        rows = [cod_sample(valid[i], cfg.num_depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, generator)
+                if cod else full_sample(t, cfg.num_depths) for i in range(b)]
+        anchor, depth, real = (x.to(input_ids.device) for x in pad_elements(rows))
+        normed = self.flat_forward(aux_hidden, input_ids, anchor, depth, real)  # (B, N, H)
+        ref = anchor + depth
+        charged = real & (ref < t) & valid.gather(1, ref.clamp(0, t - 1))  # (B, N)
+        # lm_head, log-softmax and KL on charged rows only: (M, H) -> (M, Vd)
+        logits = self.compute_logits(normed[charged])
+        bi = torch.arange(b, device=ref.device)[:, None].expand_as(ref)[charged]
+        p = target_probs[bi, ref[charged]].float()  # (M, Vd)
+        kl = (torch.xlogy(p, p) - p * logits.log_softmax(-1)).sum(-1)  # (M,); 0 log 0 = 0
+        loss = kl.sum() / charged.sum().clamp(min=1)
+        with torch.no_grad():
+            k, d_c = cfg.num_depths, depth[charged]
+            count = torch.bincount(d_c, minlength=k)
+            hit = logits.argmax(-1) == p.argmax(-1)
+            table = torch.zeros(b, t, k, dtype=torch.long, device=ref.device)  # [b, anchor, depth] agrees
+            table[bi, anchor[charged], d_c] = hit.long()
+            return PEagleOutput(
+                loss=loss,
+                depth_losses=torch.bincount(d_c, kl.detach(), minlength=k) / count.clamp(min=1),
+                depth_correct=torch.bincount(d_c[hit], minlength=k),
+                depth_prefix=table.cumprod(-1).sum((0, 1)),  # a miss or an uncharged depth ends the chain
+                depth_count=count,
+            )
+
+    def propose(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, num_tokens: int | None = None) -> PEagleProposal:
+        """Draft K tokens after a context in one forward, as vLLM's parallel-drafting eagle3 proposer does.
+
+        aux_hidden (B, T, n, Ht): target aux states at positions 0..T-1; input_ids (B, T): token_{t+1},
+        so input_ids[:, -1] is the target's newest (bonus) token. The flat sequence is T real slots
+        (fc(aux_t), token_{t+1}) at positions 0..T-1 then K-1 (fc(mask_hidden), mask_token_id) slots at
+        T..T+K-2, under a plain causal mask (what vLLM's KV cache gives); rows T-1..T+K-2 are sampled.
+        A full recompute, no cache. Wrap in torch.no_grad() for inference.
+        """
+        k = self.cfg.num_depths if num_tokens is None else num_tokens
+        if k < 1:
+            raise ValueError(f"num_tokens={k} must be >= 1")
+        b, t = input_ids.shape
+        h = self.combine(aux_hidden)  # (B, T, H)
+        hidden = torch.cat([h, self.combine(self.mask_hidden).to(h.dtype).expand(b, k - 1, -1)], 1)  # (B, S, H)
+        ids = torch.cat([input_ids, input_ids.new_full((b, k - 1), self.cfg.mask_token_id)], 1)  # (B, S)
+        s = t + k - 1
+        positions = torch.arange(s, device=input_ids.device).expand(b, s)
+        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
+        mask = torch.zeros(s, s, device=input_ids.device).masked_fill(~causal, float("-inf"))[None, None]
+        logits = self.compute_logits(self.run_layers(hidden, ids, positions, mask)[:, t - 1:])  # (B, K, Vd)
+        return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
+
+    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
+        """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
+        cfg = self.cfg
+        out = super().export_config(aux_layer_ids, torch_dtype)
+        out.update(
+            num_hidden_layers=cfg.num_draft_layers,
+            parallel_drafting=True,
+            mask_token_id=cfg.mask_token_id,
+            num_depths=cfg.num_depths,
+            down_sample_ratio=cfg.down_sample_ratio,
+            down_sample_ratio_min=cfg.down_sample_ratio_min,
+            draftsmith={"draft_type": "peagle"},
+        )
+        return out
