@@ -63,8 +63,14 @@ class DraftConfig:
     step_weight: float = 0.8  # step k weighs step_weight**k
     fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
     norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
-    freeze_embeddings: bool = True  # embeddings copied from the target
+    freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
     init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
+    # P-EAGLE (draft.type peagle): K tokens drafted in one forward
+    num_depths: int = 8  # K; vLLM's num_speculative_tokens defaults to it at serve time
+    mask_token_id: Optional[int] = None  # required for peagle: a reserved/unused target token id (the mask slots' token)
+    num_draft_layers: int = 4  # layer 0 is the fused 2H EAGLE-3 layer, the rest plain decoder layers
+    down_sample_ratio: float = 0.7  # COD: depth d keeps max(r^d, r_min) of the candidate anchors
+    down_sample_ratio_min: float = 0.2
 
 
 @dataclass
@@ -219,6 +225,15 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     if cfg.train.spec_eval_every < 0 or cfg.train.spec_eval_prompts < 1:
         p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
                  f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
+    if cfg.draft.type == "peagle" and cfg.draft.mask_token_id is None:
+        p.append("'draft.mask_token_id' is required for draft.type peagle: set a reserved or unused token id of the "
+                 "target (e.g. 16 <empty_output> for SmolLM2, 128002 for Llama-3)")
+    for key in ("num_depths", "num_draft_layers"):
+        if getattr(cfg.draft, key) < 1:
+            p.append(f"'draft.{key}' = {getattr(cfg.draft, key)}: expected an integer >= 1")
+    if not (0 < cfg.draft.down_sample_ratio <= 1 and 0 <= cfg.draft.down_sample_ratio_min <= 1):
+        p.append(f"'draft.down_sample_ratio' = {cfg.draft.down_sample_ratio}, 'draft.down_sample_ratio_min' = "
+                 f"{cfg.draft.down_sample_ratio_min}: expected (0, 1] and [0, 1]")
     if cfg.train.lr <= 0:
         p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
     if cfg.data.eval_size < 0:

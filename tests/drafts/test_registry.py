@@ -34,16 +34,35 @@ def test_registered_families_export_the_contract(name):
 
 
 def test_known_but_unsupported_and_unknown_families_are_one_line_errors():
-    with pytest.raises(DraftError, match=r"^draft family 'peagle' is not supported by this draftsmith yet; supported: eagle3$"):
-        get_family("peagle")
-    with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3$"):
+    with pytest.raises(DraftError, match=r"^draft family 'dflash' is not supported by this draftsmith yet; supported: eagle3, peagle$"):
+        get_family("dflash")
+    with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3, peagle$"):
         get_family("medusa")
 
 
 def test_draft_type_choices_come_from_the_registry():
     assert CHOICES["draft.type"] == tuple(FAMILIES)
     with pytest.raises(ConfigError, match="draft.type"):
-        build_config({"draft": {"type": "peagle"}})
+        build_config({"draft": {"type": "dflash"}})
+
+
+@pytest.mark.parametrize("draft, needle", [
+    ({"type": "peagle"}, "'draft.mask_token_id' is required for draft.type peagle"),
+    ({"type": "peagle", "mask_token_id": 3, "num_depths": 0}, "'draft.num_depths' = 0: expected an integer >= 1"),
+    ({"type": "peagle", "mask_token_id": 3, "down_sample_ratio": 0}, "'draft.down_sample_ratio' = 0"),
+])
+def test_peagle_config_errors_name_the_key(draft, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build_config({"draft": draft})
+
+
+def test_peagle_summary_from_summed_micro_batches():
+    peagle = get_family("peagle")
+    s = peagle.summarize({"depth_correct": torch.tensor([6, 3]), "depth_prefix": torch.tensor([6, 2]),
+                          "depth_count": torch.tensor([10, 8])})
+    assert s["step_accuracy"] == pytest.approx([0.6, 0.375]) and s["positions"] == 10
+    assert s["simulated_tau"] == pytest.approx(1 + 6 / 10 + 2 / 8)
+    assert peagle.describe(s) == "per-depth accuracy [0.600 0.375]  simulated parallel tau 1.850"
 
 
 def test_eagle3_summary_from_summed_micro_batches():

@@ -42,6 +42,7 @@ from types import ModuleType
 # Families that train here: name -> module (imported on first use).
 FAMILIES: dict[str, str] = {
     "eagle3": "draftsmith.drafts.eagle3",
+    "peagle": "draftsmith.drafts.peagle",
 }
 
 # Every family a checkpoint can hold (serve/resolve.py classifies the same way); those not in

@@ -30,6 +30,7 @@ __all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulat
 # supervision kind, on vLLM's default aux layers.
 SUPERVISION = "eagle3"
 PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}  # progress-bar label -> scalars() key
+FREEZE_EMBEDDINGS = True  # draft.freeze_embeddings when the run config leaves it null
 
 
 @dataclass
@@ -480,7 +481,8 @@ def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
     """Copy the target's embeddings (frozen per ``draft.freeze_embeddings``), install the vocab map,
     and with ``draft.init_from_target`` start from the target's lm_head rows and final norm."""
-    model.load_target_embeddings(embeddings, freeze=draft.freeze_embeddings)
+    freeze = FREEZE_EMBEDDINGS if draft.freeze_embeddings is None else draft.freeze_embeddings
+    model.load_target_embeddings(embeddings, freeze=freeze)
     if model.cfg.pruned:
         model.set_vocab_map(vocab.d2t, vocab.t2d)
     if draft.init_from_target:

@@ -109,19 +109,19 @@ def layer_ids_from_export(config: dict) -> list[int]:
 
 def _state_key(name: str) -> str:
     """On-disk name (draftsmith `model.`-prefixed or vLLM-stripped) -> Eagle3Draft state_dict name."""
-    if name in ("lm_head.weight", "d2t", "t2d") or name.startswith("model."):
+    if name in ("lm_head.weight", "d2t", "t2d", "mask_hidden") or name.startswith("model."):
         return name
     if name.startswith("midlayer."):
         return "model.layers.0." + name[len("midlayer."):]
     return "model." + name
 
 
-def load_exported(config: dict, state: dict[str, torch.Tensor],
-                  target_embeddings: Optional[torch.Tensor] = None) -> Eagle3Draft:
+def load_exported(config: dict, state: dict[str, torch.Tensor], target_embeddings: Optional[torch.Tensor] = None,
+                  draft: Optional[Eagle3Draft] = None) -> Eagle3Draft:
     """An fp32 eval draft from an export. ``target_embeddings`` (V, H) fills ``embed_tokens`` for
     drafts saved without it (they share the target's, as vLLM does); ``t2d`` is rebuilt from
-    ``d2t`` when an export dropped it."""
-    draft = Eagle3Draft(Eagle3Config.from_export(config))
+    ``d2t`` when an export dropped it. ``draft``: a fresh model to fill (P-EAGLE passes its own)."""
+    draft = Eagle3Draft(Eagle3Config.from_export(config)) if draft is None else draft
     state = {_state_key(k): v for k, v in state.items()}
     if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
         t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)

@@ -42,16 +42,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
 
+from . import eagle3
 from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
 from .layers import RMSNorm, SwiGLU, repeat_kv
 
 __all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
            "pad_elements", "visibility", "attention_mask"]
+
+# The family contract (drafts/__init__.py): P-EAGLE learns from the same shifted `eagle3` supervision
+# (reading its loss_mask, not position_mask) on vLLM's default EAGLE-3 aux layers.
+SUPERVISION = "eagle3"
+PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}
+FREEZE_EMBEDDINGS = False  # speculators trains them (the mask token's row must move)
 
 
 @dataclass
@@ -204,6 +211,11 @@ class PEagleOutput:
     depth_count: torch.Tensor  # (K,) int64: charged elements per depth
 
     @property
+    def sums(self) -> dict[str, torch.Tensor]:
+        """The (K,) counts that add up across micro-batches (see :func:`summarize`)."""
+        return {"depth_correct": self.depth_correct, "depth_prefix": self.depth_prefix, "depth_count": self.depth_count}
+
+    @property
     def depth_accuracy(self) -> torch.Tensor:
         """(K,) per-depth top-1 agreement rate."""
         return self.depth_correct.double() / self.depth_count.double().clamp(min=1)
@@ -305,6 +317,11 @@ class PEagleDraft(Eagle3Draft):
                 depth_count=count,
             )
 
+    def supervised(self, sup: Any) -> PEagleOutput:
+        """:meth:`forward` on ``eagle3`` supervision: COD while training (torch's global RNG, which every
+        checkpoint saves, so resume is bitwise), every (anchor, depth) in eval mode (held-out metrics)."""
+        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask, cod=self.training)
+
     def propose(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, num_tokens: int | None = None) -> PEagleProposal:
         """Draft K tokens after a context in one forward, as vLLM's parallel-drafting eagle3 proposer does.
 
@@ -342,3 +359,53 @@ class PEagleDraft(Eagle3Draft):
             draftsmith={"draft_type": "peagle"},
         )
         return out
+
+
+# ---------------------------------------------------------------------------------- family contract
+Model = PEagleDraft
+config_from_export = PEagleConfig.from_export
+layer_rule = eagle3.layer_rule
+layer_ids_from_export = eagle3.layer_ids_from_export
+
+
+def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int) -> PEagleConfig:
+    """EAGLE-3's shape for this target plus the run's parallel-drafting knobs (``draft``: DraftConfig)."""
+    base = eagle3.config_from_target(info, draft, draft_vocab_size=draft_vocab_size, num_layer_ids=num_layer_ids)
+    return PEagleConfig(**vars(base), mask_token_id=draft.mask_token_id, num_depths=draft.num_depths,
+                        num_draft_layers=draft.num_draft_layers, down_sample_ratio=draft.down_sample_ratio,
+                        down_sample_ratio_min=draft.down_sample_ratio_min)
+
+
+def attach_target(model: PEagleDraft, draft: Any, *, embeddings: torch.Tensor,
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+    """As EAGLE-3 (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
+    freeze = FREEZE_EMBEDDINGS if draft.freeze_embeddings is None else draft.freeze_embeddings
+    eagle3.attach_target(model, type(draft)(**{**vars(draft), "freeze_embeddings": freeze}), embeddings=embeddings,
+                         head=head, vocab=vocab)
+
+
+def summarize(sums: dict[str, torch.Tensor]) -> dict:
+    """Per-depth accuracy and simulated parallel tau from summed :attr:`PEagleOutput.sums`.
+
+    The simulated tau drafts all K depths at every anchor and accepts the longest agreeing prefix
+    (1 + sum_d P(depths 0..d agree)); on held-out data it is computed without COD.
+    """
+    count = sums["depth_count"].double()
+    return {"step_accuracy": (sums["depth_correct"].double() / count.clamp(min=1)).tolist(),
+            "simulated_tau": simulated_tau(sums["depth_prefix"], sums["depth_count"]), "positions": int(count[0])}
+
+
+scalars = eagle3.scalars
+
+
+def describe(summary: dict) -> str:
+    accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"])
+    return f"per-depth accuracy [{accs}]  simulated parallel tau {summary['simulated_tau']:.3f}"
+
+
+def load_exported(config: dict, state: dict[str, torch.Tensor],
+                  target_embeddings: Optional[torch.Tensor] = None) -> PEagleDraft:
+    """An fp32 eval P-EAGLE draft from an export (``state``: on-disk names, ``mask_hidden`` top level)."""
+    from .eagle3_infer import load_exported as load
+
+    return load(config, state, target_embeddings, draft=PEagleDraft(PEagleConfig.from_export(config)))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from draftsmith.config import RunConfig, dump_config
+from draftsmith.config import ConfigError, RunConfig, dump_config
 from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
@@ -71,8 +71,12 @@ class Cosine:
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_layer_ids: int):
     """A fresh draft of family ``draft.type`` for this target, over the selected draft vocab."""
     family = get_family(cfg.draft.type)
-    return family.Model(family.config_from_target(info, cfg.draft, draft_vocab_size=int(vocab.draft_ids.numel()),
-                                                  num_layer_ids=num_layer_ids))
+    try:  # values only checkable against the target (e.g. mask_token_id within its vocab)
+        config = family.config_from_target(info, cfg.draft, draft_vocab_size=int(vocab.draft_ids.numel()),
+                                           num_layer_ids=num_layer_ids)
+    except ValueError as e:
+        raise ConfigError([f"draft.{e}"]) from None
+    return family.Model(config)
 
 
 def add_sums(total: Optional[dict], sums: dict) -> dict:
