@@ -1,11 +1,16 @@
-"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` vs the draftsmith EAGLE-3 draft.
+"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` vs draftsmith drafts (EAGLE-3, P-EAGLE).
 
     .venv/bin/python bench/serve_speedup.py [--draft runs/demo/checkpoints/LATEST] [-k 1 3] [--prompts N] [--max-tokens M]
+    .venv/bin/python bench/serve_speedup.py --draft eagle3=runs/e3 --draft peagle=runs/pe -k 1 3 5 7
+
+Each `--draft` (a path, or NAME=PATH to label it) is served at every K; its family (chain EAGLE-3 or
+parallel P-EAGLE) comes from its config.json, exactly as `draftsmith serve vllm` resolves it.
 
 One vLLM OpenAI server per configuration, the same target (SmolLM2-135M-Instruct, models.smollm2()),
 the same prompts sent one at a time (batch 1), greedy. Per configuration: output tokens/s over all
 prompts (after one warm-up request), and tau = 1 + accepted / drafts from the /metrics counter
-diffs (vLLM's `vllm:spec_decode_num_*_total`). Prompts: the first turn of the first N MT-Bench
+diffs (vLLM's `vllm:spec_decode_num_*_total`), and the acceptance rate per draft position
+(`..._num_accepted_tokens_per_pos_total{position=i}` / drafts). Prompts: the first turn of the first N MT-Bench
 questions (`--prompt-set`, default `mt_bench`, shipped with draftsmith; gsm8k, humaneval or a file). The EAGLE-3
 server is launched exactly as `draftsmith serve vllm` would (plan_vllm: resolution + vllm_export/).
 Writes runs/bench/serve_speedup.json and prints a table.
@@ -44,12 +49,20 @@ def http(url: str, body: dict | None = None, timeout: float = 600.0) -> str:
         return r.read().decode()
 
 
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
 def counters(base: str) -> dict[str, float]:
+    """The spec-decode counters summed over label sets; per-position ones keyed `PER_POS[i]`."""
     out: dict[str, float] = {}
     for line in http(base + "/metrics").splitlines():
         name = line.split("{")[0].split(" ")[0]
-        if name in COUNTERS:
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if name == PER_POS:
+            pos = int(line.split('position="')[1].split('"')[0])
+            name = f"{PER_POS}[{pos}]"
+        elif name not in COUNTERS:
+            continue
+        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -78,17 +91,21 @@ def run_config(name: str, argv: list[str], port: int, prompts: list[list[int]], 
         after = counters(base)
     diff = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
     drafts = diff["vllm:spec_decode_num_drafts_total"]
+    per_pos = [after[key] - before.get(key, 0.0) for key in sorted((k for k in after if k.startswith(PER_POS)),
+                                                                  key=lambda k: int(k[len(PER_POS) + 1:-1]))]
     tokens = sum(len(o) for o in outs)
     return {"name": name, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ready_s": ready_s,
             "drafts": drafts, "draft_tokens": diff["vllm:spec_decode_num_draft_tokens_total"],
             "accepted": diff["vllm:spec_decode_num_accepted_tokens_total"],
             "tau": 1.0 + diff["vllm:spec_decode_num_accepted_tokens_total"] / drafts if drafts else 1.0,
+            "per_position": [a / drafts for a in per_pos] if drafts else [],
             "outputs": outs}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--draft", default=str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST"))
+    ap.add_argument("--draft", action="append", default=None, metavar="[NAME=]PATH",
+                    help="a draft checkpoint (repeatable; default runs/demo/checkpoints/LATEST)")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--prompt-set", default="mt_bench", help="mt_bench | gsm8k | humaneval | a prompt file")
@@ -113,11 +130,15 @@ def main() -> int:
     from draftsmith.serve.resolve import ServeError, resolve_draft
     from draftsmith.serve.vllm import plan_vllm, vllm_argv
 
-    try:
-        draft = resolve_draft(args.draft)
-    except ServeError as e:
-        print(f"serve_speedup: {e}\n(train the demo draft first: `draftsmith demo`)", file=sys.stderr)
-        return 2
+    drafts = {}  # label -> resolved draft
+    for spec in args.draft or [str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST")]:
+        label, _, path = spec.rpartition("=")
+        try:
+            d = resolve_draft(path)
+        except ServeError as e:
+            print(f"serve_speedup: {e}\n(train the demo draft first: `draftsmith demo`)", file=sys.stderr)
+            return 2
+        drafts[label or d.family] = d
     target = resolve_target(args.target)
     tok = AutoTokenizer.from_pretrained(target)
     texts, source = load_prompts(args.prompts, args.prompt_set)
@@ -130,16 +151,16 @@ def main() -> int:
     configs: list[tuple[str, object, int]] = [("none", None, 0)]
     for k in ks:
         ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-        configs += [(f"ngram K={k}", ngram, k), (f"draftsmith eagle3 K={k}", "draft", k)]
+        configs += [(f"ngram K={k}", ngram, k)] + [(f"{label} K={k}", label, k) for label in drafts]
     out_dir = Path(args.out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"target {target}\ndraft {args.draft}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
+    print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
           f"K {ks}, batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}", flush=True)
     results = []
     for name, spec, k in configs:
         port = free_port()
-        if spec == "draft":
-            argv = plan_vllm(target, draft, k=k, port=port, **common).argv
+        if isinstance(spec, str):
+            argv = plan_vllm(target, drafts[spec], k=k, port=port, **common).argv
         else:
             argv = vllm_argv(target, spec, port=port, **common)
         r = run_config(name, argv, port, prompts, args.max_tokens, out_dir / f"serve_{name.replace(' ', '_')}.log", preload)
@@ -148,14 +169,16 @@ def main() -> int:
     base = results[0]["tokens_per_s"]
     same = all(r["outputs"] == results[0]["outputs"] for r in results)
     print()
-    print("| config | tokens/s | speedup | tau | drafts | accepted / draft tokens |")
-    print("|---|---|---|---|---|---|")
+    print("| config | tokens/s | speedup | tau | acceptance per position | drafts | accepted / draft tokens |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         acc = f"{r['accepted']:.0f} / {r['draft_tokens']:.0f}" if r["drafts"] else "-"
         tau = f"{r['tau']:.3f}" if r["drafts"] else "1 (no drafts)"
-        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {r['drafts']:.0f} | {acc} |")
+        pos = " / ".join(f"{a:.2f}" for a in r["per_position"]) or "-"
+        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {pos} | "
+              f"{r['drafts']:.0f} | {acc} |")
     print(f"\noutputs identical across configurations (greedy, {args.dtype}): {same}")
-    summary = {"target": target, "draft": str(Path(args.draft).resolve()), "prompts": source, "n_prompts": len(prompts),
+    summary = {"target": target, "drafts": {n: str(d.dir) for n, d in drafts.items()}, "prompts": source, "n_prompts": len(prompts),
                "max_tokens": args.max_tokens, "k": ks, "dtype": args.dtype, "batch": 1, "ld_preload": preload,
                "outputs_identical": same,
                "results": [{kk: v for kk, v in r.items() if kk != "outputs"} for r in results]}
