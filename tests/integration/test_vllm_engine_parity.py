@@ -65,9 +65,10 @@ def test_vllm_features_and_supervision_equal_hf(run, name):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_training_with_the_vllm_engine_matches_hf(run):
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_training_with_the_vllm_engine_matches_hf(run, family):
     _, res = run
-    hf, vl = res["losses"]["hf"], res["losses"]["vllm"]
+    hf, vl = res["losses"][family]["hf"], res["losses"][family]["vllm"]
     assert len(hf) == len(vl) >= 8
     for a, b in zip(hf, vl):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), (hf, vl)

@@ -61,7 +61,12 @@ def features(engine_name: str, target: Path, batch):
         eng.close()
 
 
-def train_losses(engine_name: str, target: Path, out: Path) -> list:
+# P-EAGLE reads the same `eagle3` supervision, so the vllm engine must train it like hf does too.
+DRAFTS = {"eagle3": {"ttt_steps": 2},
+          "peagle": {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}}
+
+
+def train_losses(engine_name: str, target: Path, out: Path, family: str = "eagle3") -> list:
     from draftsmith.config import build_config
     from draftsmith.train.loop import train
     from fixtures import write_jsonl
@@ -76,9 +81,9 @@ def train_losses(engine_name: str, target: Path, out: Path) -> list:
     cfg = build_config({
         "target": target_cfg,
         "data": {"sources": [str(data)], "max_length": 64, "eval_size": 2, "draft_vocab_size": 128},
-        "draft": {"ttt_steps": 2},
+        "draft": DRAFTS[family],
         "train": {"epochs": 2, "batch_size": 2, "lr": 1e-3},
-        "output": {"dir": str(out / f"run_{engine_name}"), "tensorboard": False},
+        "output": {"dir": str(out / f"run_{engine_name}_{family}"), "tensorboard": False},
     })
     res = train(cfg, progress=False)
     return [float(l) for _, l in res.history]
@@ -98,7 +103,7 @@ def main():
             f = features(eng, path, batch)
             timing[f"{name}_{eng}_s"] = f["s"]
             torch.save({**f, "batch": batch.__dict__}, out / f"{name}_{eng}.pt")
-    losses = {eng: train_losses(eng, targets["llama"], out) for eng in ("hf", "vllm")}
+    losses = {fam: {eng: train_losses(eng, targets["llama"], out, fam) for eng in ("hf", "vllm")} for fam in DRAFTS}
     print("RESULT " + json.dumps({"losses": losses, "timing": timing}), flush=True)
 
 

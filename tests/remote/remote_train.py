@@ -36,11 +36,12 @@ def tiny_target_and_servers(root, n=2):
 
 def train_config(target, data, out, engine="hf", urls=(), **target_extra):
     train = target_extra.pop("train", {})
+    draft = target_extra.pop("draft", {})
     return build_config({
         "target": {"path": str(target), "aux_layer_ids": AUX, "engine": engine, "remote_urls": list(urls),
                    **target_extra},
         "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2, "draft_vocab_size": 64},
-        "draft": {"ttt_steps": 2},
+        "draft": {"ttt_steps": 2, **draft},
         "train": {"epochs": 1, "batch_size": 2, "lr": 3e-3, "max_steps": 6, "eval_max_batches": 1, **train},
         "output": {"dir": str(out), "tensorboard": False},
     })

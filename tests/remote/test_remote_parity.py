@@ -51,13 +51,19 @@ def test_supervision_bitwise_equal_to_co_located(setup, n_servers, prefetch):
             assert getattr(sup, f).dtype == getattr(ref, f).dtype and torch.equal(getattr(sup, f), getattr(ref, f)), f
 
 
+# P-EAGLE learns from the same `eagle3` supervision kind, so it trains through the remote engine
+# too (the reference recipe gates it to a co-located target; we do not).
+PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}
+
+
 @pytest.mark.slow
-def test_training_through_remote_matches_co_located(setup, tmp_path):
+@pytest.mark.parametrize("draft", [{}, PEAGLE], ids=["eagle3", "peagle"])
+def test_training_through_remote_matches_co_located(setup, tmp_path, draft):
     target, data, servers = setup
     before = [s.get("/health") for s in servers]
-    ref = train(train_config(target, data, tmp_path / "co"), progress=False)
-    res = train(train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers], prefetch_depth=2),
-                progress=False)
+    ref = train(train_config(target, data, tmp_path / "co", draft=draft), progress=False)
+    res = train(train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers], prefetch_depth=2,
+                             draft=draft), progress=False)
     assert res.step == ref.step == 6 and res.history == ref.history
     assert same_weights(final_weights(res), final_weights(ref))
     after = [s.get("/health") for s in servers]
