@@ -221,3 +221,30 @@ def test_eval_cli_reports_k_columns_and_refuses_k_over_num_depths(tiny, tiny_pea
     err = capsys.readouterr().err.strip()
     assert code == EXIT_BAD_INPUT and "\n" not in err
     assert err.startswith("draftsmith: error: -k 5:") and "num_depths=4" in err and "between 1 and 4" in err
+
+
+def test_cli_trained_peagle_runs_the_hook_and_evaluates(tmp_path, prompts_file, capsys):
+    """`draftsmith train` with draft.type peagle (real-tau hook at K = num_depths), then `draftsmith eval`."""
+    from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
+
+    target = make_tiny_llama(tmp_path / "target", make_tokenizer("chatml"), num_layers=4, hidden=64)
+    rows = [{"messages": [{"role": "user", "content": f"Tell me about {i}."},
+                          {"role": "assistant", "content": f"The number {i} is quick and lazy."}]} for i in range(8)]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({
+        "target": {"path": str(target), "aux_layer_ids": AUX_IDS},
+        "data": {"sources": [str(write_jsonl(tmp_path / "chats.jsonl", rows))], "max_length": 64, "eval_size": 2,
+                 "draft_vocab_size": 96},
+        "draft": {"type": "peagle", "mask_token_id": 383, "num_draft_layers": 2, "num_depths": 4},
+        "train": {"max_steps": 2, "batch_size": 2, "spec_eval_every": 1, "spec_eval_prompts": 2},
+        "output": {"dir": str(tmp_path / "run"), "tensorboard": False},
+    }))
+    assert main(["train", str(cfg), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("real tau") == 2 and "(K=4, 2 held-out prompts, simulated tau" in err
+    out = tmp_path / "out"
+    assert main(["eval", "--draft", str(tmp_path / "run"), "--prompts", str(prompts_file), "--max-new-tokens", "8",
+                 "-k", "3", "--out", str(out), "--quiet", "--ignore-eos", "--no-plot"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config"]["k"] == 3 and len(rep["overall"]["acceptance_per_position"]) == 3
+    assert rep["lossless"] == {"checked": 2, "mismatches": []}
