@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+from draftsmith.drafts import peagle as pq
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from draftsmith.drafts.peagle import (PEagleConfig, PEagleDraft, attention_mask, cod_sample, full_sample,
                                       pad_elements, visibility)
@@ -157,6 +158,40 @@ def test_propose_equals_training_depths_at_one_anchor():
         other = d.propose(aux[:, : a + 1], ids[:, : a + 1]).logits
     torch.testing.assert_close(other[:, 0], prop.logits[:, 0])
     assert (other[:, 1:] - prop.logits[:, 1:]).abs().max() > 1e-4
+
+
+def test_propose_cached_equals_full_recompute_round_by_round():
+    """Depth-0 slots cached across rounds (as vLLM's draft KV cache) give propose()'s proposals; the
+    mask slots never stay in the cache, so a later round with another K is unaffected."""
+    d = make_draft(num_draft_layers=3)
+    aux, ids, _, _ = make_batch(t=14)
+    caches, end = d.new_cache(), 0
+    with torch.no_grad():
+        for new, k in [(5, 4), (1, 2), (3, 1), (4, 3), (1, 4)]:  # slots added per round, K drafted
+            got = d.propose_cached(caches, aux[:, end : end + new], ids[:, end : end + new], k)
+            end += new
+            ref = d.propose(aux[:, :end], ids[:, :end], k)
+            assert [len(c) for c in caches] == [end] * 3
+            assert got.logits.shape == (2, k, VD)
+            torch.testing.assert_close(got.logits, ref.logits, atol=1e-5, rtol=1e-5)
+            assert torch.equal(got.token_ids, ref.token_ids)
+        # the first k depths do not depend on how many depths are drafted (causal mask slots)
+        torch.testing.assert_close(d.propose(aux, ids, 4).logits[:, :2], d.propose(aux, ids, 2).logits)
+        with pytest.raises(ValueError, match="num_tokens=0"):
+            d.propose_cached(caches, aux[:, :1], ids[:, :1], 0)
+
+
+def test_load_exported_needs_mask_hidden_and_reshapes_it():
+    d = make_draft()
+    cfg = d.export_config([1, 4, 7])
+    state = {vllm_key(k): v for k, v in d.state_dict().items()}
+    flat = {**state, "mask_hidden": state["mask_hidden"].reshape(1, -1)}  # vLLM's (1, n*Ht) layout
+    torch.testing.assert_close(pq.load_exported(cfg, flat).mask_hidden, d.mask_hidden)
+    for bad, needle in [({k: v for k, v in state.items() if k != "mask_hidden"}, "mask_hidden is missing"),
+                        ({**state, "mask_hidden": torch.zeros(1, 5)}, r"mask_hidden has shape \(1, 5\)")]:
+        with pytest.raises(ValueError, match=needle) as err:
+            pq.load_exported(cfg, bad)
+        assert "\n" not in str(err.value) and "re-export" in str(err.value)
 
 
 def test_depth0_single_layer_equals_eagle3_step0():

@@ -42,4 +42,18 @@ def tiny(tmp_path_factory):
     used = sorted({t for s in sequences for t in s} | set(range(0, model.config.vocab_size, 3)))
     draft = train_on_policy(model, draft_for(model, used), sequences)
     torch.set_num_threads(before)
-    return SimpleNamespace(tok=tok, path=path, model=model, prompts=prompts, draft=draft, root=root)
+    return SimpleNamespace(tok=tok, path=path, model=model, prompts=prompts, draft=draft, root=root,
+                           sequences=sequences, draft_ids=used)
+
+
+@pytest.fixture(scope="session")
+def tiny_peagle(tiny):
+    """A P-EAGLE draft (2 layers, 4 depths, the same pruned vocab) trained on-policy on ``tiny``'s target."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # COD draws from the global RNG
+    mask = tiny.model.config.vocab_size - 1  # a token the chat text never contains
+    draft = draft_for(tiny.model, tiny.draft_ids, seed=2, mask_token_id=mask, num_depths=4, num_draft_layers=2)
+    draft = train_on_policy(tiny.model, draft, tiny.sequences)
+    torch.set_num_threads(before)
+    return draft

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
+from draftsmith.drafts.peagle import PEagleConfig, PEagleDraft
 from draftsmith.eval.offline import HFTarget
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import eagle3_supervision
@@ -17,17 +18,19 @@ QUESTIONS = ["Tell me a joke about cats.", "What is the capital of France?", "Ho
              "Write a haiku about the sea.", "Explain recursion.", "hello, one two three?"]
 
 
-def draft_for(model, draft_ids=None, seed=0, num_aux=len(AUX_IDS)) -> Eagle3Draft:
+def draft_for(model, draft_ids=None, seed=0, num_aux=len(AUX_IDS), **peagle) -> Eagle3Draft:
     """A random EAGLE-3 draft shaped for a transformers Llama ``model``; embeddings and lm_head rows
-    copied from the target; pruned to ``draft_ids`` (sorted target ids) when given."""
+    copied from the target; pruned to ``draft_ids`` (sorted target ids) when given. With P-EAGLE
+    keywords (``mask_token_id``, ``num_depths``, ``num_draft_layers``) a PEagleDraft instead."""
     c = model.config
     v = c.vocab_size
     ids = torch.arange(v) if draft_ids is None else torch.as_tensor(draft_ids).sort().values
     torch.manual_seed(seed)
-    d = Eagle3Draft(Eagle3Config(hidden_size=c.hidden_size, target_hidden_size=c.hidden_size,
-                                 num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                                 head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=v,
-                                 draft_vocab_size=len(ids), num_aux=num_aux, ttt_steps=3))
+    shape = dict(hidden_size=c.hidden_size, target_hidden_size=c.hidden_size,
+                 num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                 head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=v,
+                 draft_vocab_size=len(ids), num_aux=num_aux, ttt_steps=3)
+    d = PEagleDraft(PEagleConfig(**shape, **peagle)) if peagle else Eagle3Draft(Eagle3Config(**shape))
     if len(ids) < v:
         t2d = torch.zeros(v, dtype=torch.bool)
         t2d[ids] = True
@@ -38,7 +41,8 @@ def draft_for(model, draft_ids=None, seed=0, num_aux=len(AUX_IDS)) -> Eagle3Draf
 
 
 def train_on_policy(model, draft, sequences, steps=150, lr=1e-2, aux_ids=AUX_IDS):
-    """Fit the draft to the target on the target's own greedy continuations (EAGLE-3 TTT loss)."""
+    """Fit the draft to the target on the target's own greedy continuations (its family's loss:
+    EAGLE-3 TTT, P-EAGLE parallel with COD)."""
     runner = HFTarget(model, aux_ids)
     feats = []
     for seq in sequences:
@@ -52,7 +56,7 @@ def train_on_policy(model, draft, sequences, steps=150, lr=1e-2, aux_ids=AUX_IDS
     draft.train()
     for step in range(steps):
         s = feats[step % len(feats)]
-        out = draft(s.aux_hidden, s.input_ids, s.target_probs, s.position_mask)
+        out = draft.supervised(s)
         opt.zero_grad()
         out.loss.backward()
         opt.step()

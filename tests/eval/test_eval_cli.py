@@ -43,8 +43,13 @@ def test_both_layouts_load_to_the_same_draft(tiny, tmp_path):
 def test_unsupported_and_missing_drafts_are_one_line_errors(tiny, tmp_path):
     d = save_vllm_layout(tiny.draft, tmp_path / "pe")
     cfg = json.loads((d / "config.json").read_text())
+    # an EAGLE-3 export flagged parallel: loads as P-EAGLE, which needs a mask token and mask_hidden
     (d / "config.json").write_text(json.dumps({**cfg, "parallel_drafting": True}))
-    with pytest.raises(EvalError, match="P-EAGLE.*not evaluable offline yet"):
+    with pytest.raises(EvalError, match="pe: mask_token_id=None must be an int"):
+        load_draft(d)
+    (d / "config.json").write_text(json.dumps({**cfg, "parallel_drafting": True, "mask_token_id": 5,
+                                               "num_hidden_layers": 1}))
+    with pytest.raises(EvalError, match="pe: mask_hidden is missing; .*re-export it$"):
         load_draft(d)
     (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3DFlashDraftModel"],
                                                "dflash_config": {"block_size": 8}}))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from draftsmith.eval.offline import Eagle3Proposer, HFTarget
+from draftsmith.eval.offline import HFTarget, proposer_for
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import Proposal, generate_speculative, verify_sampling
 from eval_helpers import AUX_IDS, draft_for
@@ -102,8 +102,10 @@ def test_toy_target_marginals_and_joint_match_exact_distribution():
 
 
 @pytest.mark.slow
-def test_hf_target_with_pruned_eagle3_draft_samples_target_distribution():
-    """Vocab-8 Llama target, EAGLE-3 draft over 6 of its tokens (q is zero on the other 2)."""
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_hf_target_with_pruned_draft_samples_target_distribution(family):
+    """Vocab-8 Llama target, an EAGLE-3 (chain) or P-EAGLE (parallel, 2 depths) draft over 6 of its
+    tokens (q is zero on the other 2)."""
     from transformers import LlamaForCausalLM
 
     V, K, N, T = 8, 2, 1200, 1.0
@@ -113,7 +115,8 @@ def test_hf_target_with_pruned_eagle3_draft_samples_target_distribution():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.3)
-    draft = draft_for(model, draft_ids=[0, 1, 2, 3, 5, 6], seed=3).eval()
+    peagle = dict(mask_token_id=4, num_depths=2, num_draft_layers=2) if family == "peagle" else {}
+    draft = draft_for(model, draft_ids=[0, 1, 2, 3, 5, 6], seed=3, **peagle).eval()
     target, prompt = HFTarget(model, AUX_IDS), [1, 5, 2, 7]
 
     def probs(ids):
@@ -125,7 +128,8 @@ def test_hf_target_with_pruned_eagle3_draft_samples_target_distribution():
     second = p0 @ p1
     third = sum(p0[a] * p1[a, b] * probs(prompt + [a, b]) for a in range(V) for b in range(V))
     outs, accepted = [], []
-    proposer = Eagle3Proposer(draft)
+    proposer = proposer_for(draft)
+    assert type(proposer).__name__ == {"eagle3": "Eagle3Proposer", "peagle": "PEagleProposer"}[family]
     for i in range(N):
         gen = generate_speculative(target, proposer, prompt, k=K, max_new_tokens=3, temperature=T,
                                    generator=torch.Generator().manual_seed(i))

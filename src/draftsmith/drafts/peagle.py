@@ -49,6 +49,7 @@ from torch import nn
 
 from . import eagle3
 from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
+from .eagle3_infer import DraftKVCache
 from .layers import RMSNorm, SwiGLU, repeat_kv
 
 __all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
@@ -174,9 +175,14 @@ def attention_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor
 
 
 def attend(attn: Eagle3Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           mask: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d); scores and softmax in fp32."""
+           mask: torch.Tensor, cache: DraftKVCache | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d); scores and softmax in fp32.
+
+    With ``cache`` (S slots) the N new keys/values are appended to it first and the queries attend
+    to all S + N of them: mask (B or 1, 1, N, S + N)."""
     q, k, v = attn.project(x, cos, sin)  # (B, h, N, d), (B, h_kv, N, d) x2
+    if cache is not None:
+        k, v = cache.append(k, v)  # (B, h_kv, S + N, d)
     n_rep = attn.num_heads // attn.num_kv_heads
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(attn.head_dim) + mask  # (B, h, N, N)
@@ -193,9 +199,10 @@ class PEagleDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """h (B, N, H) -> (B, N, H): r = h + attn(norm(h)); r + mlp(norm(r))."""
-        out = attend(self.self_attn, self.input_layernorm(h), cos, sin, mask)  # (B, h, N, d)
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: DraftKVCache | None = None) -> torch.Tensor:
+        """h (B, N, H) -> (B, N, H): r = h + attn(norm(h)); r + mlp(norm(r)). ``cache``: see :func:`attend`."""
+        out = attend(self.self_attn, self.input_layernorm(h), cos, sin, mask, cache)  # (B, h, N, d)
         r = h + self.self_attn.o_proj(out.transpose(1, 2).flatten(2))  # (B, N, h*d) -> (B, N, H)
         return r + self.mlp(self.post_attention_layernorm(r))
 
@@ -249,19 +256,21 @@ class PEagleDraft(Eagle3Draft):
         raise NotImplementedError("PEagleDraft has no training-time-test unroll; use forward() or propose()")
 
     def run_layers(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
+                   mask: torch.Tensor, caches: list[DraftKVCache] | None = None) -> torch.Tensor:
         """All draft layers over a flat element sequence -> norm(h) (B, N, H).
 
         hidden (B, N, H) layer-0 draft state (fc output), input_ids (B, N) target ids, positions (B, N)
-        RoPE positions, mask (B or 1, 1, N, N) additive fp32.
+        RoPE positions, mask (B or 1, 1, N, N) additive fp32. ``caches``: one per layer, each holding
+        S earlier slots; the N new slots are appended to every one and mask is (B or 1, 1, N, S + N).
         """
+        caches = caches if caches is not None else [None] * len(self.model.layers)
         cos, sin = self.rotary(positions)  # (B, N, d) each
         layer0 = self.model.layers[0]
         hidden = hidden.to(self.model.fc.weight.dtype)
         x = layer0.fuse(self.model.embed_tokens(input_ids), hidden)  # (B, N, 2H)
-        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask), residual=hidden)  # (B, N, H)
-        for layer in self.model.layers[1:]:
-            h = layer(h, cos, sin, mask)
+        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask, caches[0]), residual=hidden)  # (B, N, H)
+        for layer, cache in zip(self.model.layers[1:], caches[1:]):
+            h = layer(h, cos, sin, mask, cache)
         return self.model.norm(h)
 
     def flat_forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, anchor: torch.Tensor,
@@ -345,6 +354,39 @@ class PEagleDraft(Eagle3Draft):
         logits = self.compute_logits(self.run_layers(hidden, ids, positions, mask)[:, t - 1:])  # (B, K, Vd)
         return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
 
+    def new_cache(self) -> list[DraftKVCache]:
+        """Empty per-layer KV caches for :meth:`propose_cached`."""
+        return [DraftKVCache() for _ in self.model.layers]
+
+    def propose_cached(self, caches: list[DraftKVCache], aux_hidden: torch.Tensor, input_ids: torch.Tensor,
+                       num_tokens: int) -> PEagleProposal:
+        """:meth:`propose` over a prefix whose first S depth-0 slots are already in ``caches`` (vLLM's
+        draft KV cache): equal to ``propose`` on the whole prefix up to float rounding.
+
+        caches: from :meth:`new_cache`, every layer holding the depth-0 slots of positions 0..S-1;
+        aux_hidden (B, T, n, Ht) and input_ids (B, T), T >= 1: the next depth-0 slots (positions
+        S..S+T-1, the last one carrying the bonus token). They are appended for good (depth-0 slots
+        are committed context, never drafts); the K-1 mask slots after them are dropped again.
+        """
+        k, b, t = num_tokens, input_ids.shape[0], input_ids.shape[1]
+        past = len(caches[0])
+        if k < 1 or t < 1 or any(len(c) != past for c in caches):
+            raise ValueError(f"propose_cached: num_tokens={k} and new slots={t} must be >= 1, and every layer's "
+                             f"cache must hold the same slots (got {[len(c) for c in caches]})")
+        h = self.combine(aux_hidden)  # (B, T, H)
+        hidden = torch.cat([h, self.combine(self.mask_hidden).to(h.dtype).expand(b, k - 1, -1)], 1)  # (B, N, H)
+        ids = torch.cat([input_ids, input_ids.new_full((b, k - 1), self.cfg.mask_token_id)], 1)  # (B, N)
+        n = t + k - 1
+        positions = torch.arange(past, past + n, device=input_ids.device).expand(b, n)
+        # new slot i (position past + i) sees cached and new keys j <= past + i: (1, 1, N, S + N)
+        visible = torch.arange(past + n, device=input_ids.device)[None] <= positions[0, :, None]
+        mask = torch.zeros(visible.shape, device=input_ids.device).masked_fill(~visible, float("-inf"))[None, None]
+        normed = self.run_layers(hidden, ids, positions, mask, caches)
+        for c in caches:
+            c.crop(past + t)  # keep the depth-0 slots, drop this round's mask slots
+        logits = self.compute_logits(normed[:, t - 1:])  # (B, K, Vd)
+        return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
+
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
         cfg = self.cfg
@@ -408,4 +450,13 @@ def load_exported(config: dict, state: dict[str, torch.Tensor],
     """An fp32 eval P-EAGLE draft from an export (``state``: on-disk names, ``mask_hidden`` top level)."""
     from .eagle3_infer import load_exported as load
 
-    return load(config, state, target_embeddings, draft=PEagleDraft(PEagleConfig.from_export(config)))
+    cfg = PEagleConfig.from_export(config)
+    width = cfg.num_aux * cfg.target_hidden_size
+    mask = state.get("mask_hidden")
+    if mask is None or mask.numel() != width:
+        got = "is missing" if mask is None else f"has shape {tuple(mask.shape)}"
+        raise ValueError(f"mask_hidden {got}; a P-EAGLE draft needs its learned mask_hidden of {width} values "
+                         f"(num_aux {cfg.num_aux} x target_hidden_size {cfg.target_hidden_size}); re-export it")
+    # vLLM reshapes mask_hidden to (1, n*Ht) whatever its saved shape; ours is (1, 1, n*Ht)
+    state = {**state, "mask_hidden": mask.reshape(1, 1, width)}
+    return load(config, state, target_embeddings, draft=PEagleDraft(cfg))

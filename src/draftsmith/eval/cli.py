@@ -88,7 +88,8 @@ def register(subparsers) -> None:
     e.add_argument("--draft", required=True, metavar="CKPT",
                    help="run dir, checkpoint dir (epoch_<E>_step_<S>), model/consolidated or a vLLM export")
     _common(e)
-    e.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=3, help="K drafted tokens (default 3)")
+    e.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=None,
+                   help="K drafted tokens per round (default 3; a P-EAGLE draft: its num_depths, at most that)")
     e.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype the target runs in (default float32, where greedy output is exactly lossless); "

@@ -1,16 +1,25 @@
-"""Engine-free evaluation: real speculative decoding with the hf target and a trained EAGLE-3 draft.
+"""Engine-free evaluation: real speculative decoding with the hf target and a trained draft.
 
 Both sides keep KV caches. The target (:class:`HFTarget`) verifies K drafted tokens in one forward
-and is cropped back to the accepted prefix (``DynamicCache.crop``); the draft
-(:class:`Eagle3Proposer`) keeps its own cache of target slots, drafts a chain of K tokens on top of
-it, and after verification drops the chain slots and refills the newly accepted positions with the
-target's real aux states (what vLLM's EAGLE proposer does). Greedy output is token-identical to
-plain greedy decoding of the target; plain decoding runs side by side so tokens/s is a ratio.
+and is cropped back to the accepted prefix (``DynamicCache.crop``). Drafts propose as vLLM 0.32
+serves them:
 
-Drafts load through the family registry (drafts/__init__.py: the family is read from config.json).
-P-EAGLE (parallel) and DFlash (block) drafts are rejected here for now: each needs its family
-registered and its own ``Proposer`` in :data:`PROPOSERS` (see :mod:`draftsmith.eval.speculative`);
-verification is shared.
+- EAGLE-3 (:class:`Eagle3Proposer`, chain): keeps its own cache of target slots, drafts a chain of
+  K tokens on top of it, and after verification drops the chain slots and refills the newly
+  accepted positions with the target's real aux states (vLLM's EAGLE proposer).
+- P-EAGLE (:class:`PEagleProposer`, parallel): one draft forward per round over the target slots
+  plus K-1 mask slots drafts K tokens (vLLM's ``parallel_drafting``); the target slots stay cached,
+  the mask slots are recomputed every round. 1 <= K <= num_depths; eval's default K is num_depths.
+
+Greedy output is token-identical to plain greedy decoding of the target; plain decoding runs side
+by side so tokens/s is a ratio. With a temperature each drafted token is sampled from the draft's
+softmax at that temperature (vLLM's ``draft_sample_method="probabilistic"``; the parallel depths
+independently) and verified by rejection sampling.
+
+Drafts load through the family registry (drafts/__init__.py: the family is read from config.json);
+a family is evaluable once it has a ``Proposer`` in :data:`PROPOSERS` (see
+:mod:`draftsmith.eval.speculative`; verification is shared). DFlash (block) drafts have none yet.
+The trainer's ``train.spec_eval_every`` hook (:func:`trainer_spec_eval`) uses the same proposers.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import torch
 from draftsmith.drafts import DraftError, family_of_config, get_family
 from draftsmith.drafts.eagle3 import Eagle3Draft
 from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
+from draftsmith.drafts.peagle import PEagleDraft
 from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt, describe_prompts, load_prompts, render_prompt
 from draftsmith.eval.report import acceptance_stats, build_report
@@ -90,6 +100,24 @@ class HFTarget:
             self.cache.crop(-extra)  # a negative count removes that many positions from the end
 
 
+def choose(logits: torch.Tensor, target_ids: torch.Tensor, vocab_size: int, state: DecodeState):
+    """(R, Vd) draft logits -> (R,) target ids, q (R, V) over the target vocab or None when greedy.
+
+    Greedy: argmax. Sampling: each row from softmax(logits / T) on its own, q zero outside the draft
+    vocab; vLLM's ``draft_sample_method="probabilistic"`` does the same (llm_base_proposer.py
+    ``compute_probs_and_sample_next_token``: temperature only, no top-k/top-p, probs over the target
+    vocab because ``compute_logits`` puts -inf outside the draft vocab). vLLM's default
+    ``draft_sample_method="greedy"`` instead drafts the argmax and treats q as one-hot.
+    """
+    if state.temperature <= 0:
+        return target_ids[logits.argmax(-1)].cpu(), None
+    q_draft = torch.softmax(logits.float() / state.temperature, -1)  # (R, Vd)
+    j = torch.multinomial(q_draft, 1, generator=state.generator)[:, 0]  # (R,)
+    q = torch.zeros(logits.shape[0], vocab_size, dtype=torch.float32, device=q_draft.device)
+    q[:, target_ids] = q_draft
+    return target_ids[j].cpu(), q
+
+
 class Eagle3Proposer:
     """Chain proposer for an EAGLE-3 draft (see :mod:`draftsmith.drafts.eagle3_infer`)."""
 
@@ -105,15 +133,17 @@ class Eagle3Proposer:
         self.cache = DraftKVCache()
         self.filled = 0  # target slots in the cache: slot t = (aux_t, token_{t+1})
 
-    def _choose(self, logits: torch.Tensor, state: DecodeState):
-        """(Vd,) draft logits -> (target id, q over the target vocab (V,) or None when greedy)."""
-        if state.temperature <= 0:
-            return int(self.target_ids[int(logits.argmax())]), None
-        q_draft = torch.softmax(logits.float() / state.temperature, -1)  # (Vd,)
-        j = int(torch.multinomial(q_draft, 1, generator=state.generator))
-        q = torch.zeros(self.draft.cfg.vocab_size, dtype=torch.float32, device=q_draft.device)
-        q[self.target_ids] = q_draft  # zero outside the draft vocab
-        return int(self.target_ids[j]), q
+    @property
+    def default_k(self) -> int:
+        """K when ``draftsmith eval`` gets no -k: 3, vLLM's usual num_speculative_tokens for EAGLE-3."""
+        return 3
+
+    @property
+    def trained_k(self) -> int:
+        """K of the trainer's real-tau hook: the TTT steps the chain was trained for."""
+        return self.draft.cfg.ttt_steps
+
+    max_k = None  # a chain can be unrolled to any K
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
@@ -129,9 +159,10 @@ class Eagle3Proposer:
         self.filled = n
         tokens, qs = [], []
         for j in range(state.k):
-            tok, q = self._choose(step.logits[0, -1], state)
+            picked, q = choose(step.logits[0, -1:], self.target_ids, d.cfg.vocab_size, state)  # (1,), (1, V)
+            tok = int(picked[0])
             tokens.append(tok)
-            qs.append(q)
+            qs.append(None if q is None else q[0])
             if j + 1 < state.k:  # chain step j+1 at position n-1+j+1 reads the state that drafted tok
                 h = next_hidden(d, step)[:, -1:]
                 step = extend(d, self.cache, h, torch.tensor([[tok]], device=dev), torch.tensor([[n + j]], device=dev))
@@ -142,8 +173,82 @@ class Eagle3Proposer:
         self.cache.crop(self.filled)  # chain slots were computed from drafted states: refill lazily
 
 
-# Offline proposer per draft family (the family's inference loop; verification is shared).
-PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer}
+class PEagleProposer:
+    """Parallel proposer for a P-EAGLE draft: one draft forward per round drafts the first K depths,
+    as vLLM 0.32's parallel-drafting eagle3 proposer does (drafts/peagle.py ``PEagleDraft.propose``).
+
+    Target slot t = (aux_t, token_{t+1}) for every processed position, the last one carrying the
+    newest committed token, then K-1 (mask_hidden, mask_token_id) slots; rows n-1..n+K-2 give d_1..d_K.
+    A mask slot at depth d sees only earlier slots, so K < num_depths drafts exactly the first K
+    depths. The depth-0 slots are committed context and stay in per-layer KV caches across rounds
+    (``cache=True``; vLLM keeps them the same way); only the new ones and the K-1 mask slots run each
+    round. ``cache=False`` recomputes the whole prefix every round (the reference).
+    Sampling: the K depths' distributions are independent (no depth sees another's token).
+    """
+
+    kind = "parallel"
+
+    def __init__(self, draft: PEagleDraft, cache: bool = True):
+        self.draft, self.use_cache = draft, cache
+        self.target_ids = draft.draft_to_target(torch.arange(draft.cfg.draft_vocab_size,
+                                                             device=draft.lm_head.weight.device))  # (Vd,)
+        self.reset()
+
+    @property
+    def max_k(self) -> int:
+        """The depths it was trained for; deeper mask slots were never supervised."""
+        return self.draft.cfg.num_depths
+
+    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = num_depths
+
+    def reset(self) -> None:
+        self.caches = self.draft.new_cache()
+        self.filled = 0  # depth-0 slots in the caches
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        d, k = self.draft, state.k
+        if not 1 <= k <= self.max_k:
+            raise ValueError(f"k={k}: this P-EAGLE draft drafts num_depths={self.max_k} tokens per forward; "
+                             f"use 1 <= k <= {self.max_k}")
+        n = state.aux.shape[0]  # processed positions; tokens[n] is the newest committed token
+        dev = d.lm_head.weight.device
+        start = self.filled if self.use_cache else 0
+        aux = state.aux[start:n].to(dev)[None]  # (1, T, n_aux, Ht)
+        ids = torch.tensor([state.tokens[start + 1 : n + 1]], device=dev)  # (1, T): token_{t+1}
+        if self.use_cache:
+            out = d.propose_cached(self.caches, aux, ids, k)
+            self.filled = n
+        else:
+            out = d.propose(aux, ids, k)
+        tokens, q = choose(out.logits[0], self.target_ids, d.cfg.vocab_size, state)  # (K,), (K, V) | None
+        return Proposal(tokens, q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        pass  # only committed depth-0 slots are cached; the mask slots were dropped in propose
+
+
+# Offline proposer per draft family (the family's inference loop; verification is shared). Each has
+# ``kind``, ``max_k`` (None = any), ``default_k`` (eval without -k) and ``trained_k`` (the trainer hook's K).
+PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer, "peagle": PEagleProposer}
+
+
+def proposer_for(draft: Any) -> Any:
+    """The offline proposer of a draft model, by its family's exact model class."""
+    for name, make in PROPOSERS.items():
+        if type(draft) is get_family(name).Model:
+            return make(draft)
+    raise EvalError(f"{type(draft).__name__}: no offline proposer; evaluable families: {', '.join(PROPOSERS)}")
+
+
+def check_k(proposer: Any, k: Optional[int], family: str) -> int:
+    """-k resolved for this proposer: its ``default_k`` when None, else within 1..max_k."""
+    if k is None:
+        return proposer.default_k
+    if proposer.max_k is not None and not 1 <= k <= proposer.max_k:
+        raise EvalError(f"-k {k}: this {FAMILY_NAMES.get(family, family)} draft has num_depths={proposer.max_k} "
+                        f"(tokens per draft forward); pass -k between 1 and {proposer.max_k} or omit -k")
+    return k
 
 
 # ---------------------------------------------------------------------------------- loading
@@ -175,7 +280,8 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
     if family not in PROPOSERS or (family == "eagle3" and arch not in EAGLE3_ARCHS):
         kind = FAMILY_NAMES.get(family, f"architecture {arch}")
         raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline yet; only EAGLE-3 chain "
-                        f"drafts ({', '.join(EAGLE3_ARCHS)}) are; benchmark it on a server with bench-server")
+                        f"drafts ({', '.join(EAGLE3_ARCHS)}) and P-EAGLE parallel drafts are; benchmark it on a "
+                        "server with bench-server")
     state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
     try:
         module = get_family(family)
@@ -240,14 +346,15 @@ def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: i
     return records
 
 
-def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, temperature: float = 0.0,
+def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int] = None, temperature: float = 0.0,
              max_new_tokens: int = 128, multi_turn: bool = False, limit: Optional[int] = None,
              dtype: str = "float32", plain: bool = True, seed: int = 0, ignore_eos: bool = False,
              progress: bool = True) -> dict:
-    """Open the hf target, load the draft and prompts, evaluate; return the report dict (report.py)."""
+    """Open the hf target, load the draft and prompts, evaluate; return the report dict (report.py).
+    ``k`` None: the proposer's ``default_k`` (3 for EAGLE-3, num_depths for P-EAGLE)."""
     from draftsmith.targets.hf import HFEngine
 
-    if k < 1 or max_new_tokens < 1 or temperature < 0:
+    if (k is not None and k < 1) or max_new_tokens < 1 or temperature < 0:
         raise EvalError(f"-k {k} / --max-new-tokens {max_new_tokens} / --temperature {temperature}: "
                         "k and max-new-tokens must be >= 1 and the temperature >= 0")
     items = load_prompts(prompts, multi_turn=multi_turn, limit=limit)
@@ -268,8 +375,10 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, tem
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "
                             f"but target {target} has vocab {info.vocab_size} / hidden {info.hidden_size}; "
                             "pass the target the draft was trained for")
+        proposer = PROPOSERS[family](model_draft)
+        k = check_k(proposer, k, family)
         log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else None
-        records = evaluate(HFTarget(model, aux_ids), PROPOSERS[family](model_draft), engine.tokenizer, items, k=k,
+        records = evaluate(HFTarget(model, aux_ids), proposer, engine.tokenizer, items, k=k,
                            max_new_tokens=max_new_tokens, temperature=temperature, plain=plain, seed=seed,
                            eos_ids=() if ignore_eos else eos_ids_of(engine.tokenizer, model), log=log)
     finally:
@@ -283,25 +392,29 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: int = 3, tem
 
 # ---------------------------------------------------------------------------------- training hook
 @torch.no_grad()
-def held_out_tau(model: Any, draft: Eagle3Draft, aux_ids: Sequence[int], prompts: Sequence[Sequence[int]], *,
-                 k: int, max_new_tokens: int = 32, eos_ids: Sequence[int] = ()) -> dict:
-    """Real greedy tau of ``draft`` on prompt token ids (what the trainer logs next to simulated tau)."""
+def held_out_tau(model: Any, draft: Any, aux_ids: Sequence[int], prompts: Sequence[Sequence[int]], *,
+                 k: Optional[int] = None, max_new_tokens: int = 32, eos_ids: Sequence[int] = ()) -> dict:
+    """Real greedy tau of ``draft`` (any family in :data:`PROPOSERS`) on prompt token ids, with ``k``
+    drafted tokens (None: the proposer's ``trained_k``) -> acceptance_stats plus ``k`` (what the
+    trainer logs next to simulated tau)."""
     was_training = draft.training
     draft.eval()
     try:
-        target, proposer = HFTarget(model, aux_ids), Eagle3Proposer(draft)
+        target, proposer = HFTarget(model, aux_ids), proposer_for(draft)
+        k = proposer.trained_k if k is None else k
         accepted: list[int] = []
         for ids in prompts:
             accepted += generate_speculative(target, proposer, list(ids), k=k, max_new_tokens=max_new_tokens,
                                              eos_ids=eos_ids).accepted
     finally:
         draft.train(was_training)
-    return acceptance_stats(accepted, k)
+    return {**acceptance_stats(accepted, k), "k": k}
 
 
 def trainer_spec_eval(trainer: Any, simulated: Optional[float] = None, max_new_tokens: int = 32) -> dict:
     """The Trainer's ``train.spec_eval_every`` hook: real tau on the first ``train.spec_eval_prompts``
-    held-out conversations (each cut before its first assistant token), K = ``draft.ttt_steps``,
+    held-out conversations (each cut before its first assistant token), K = the family's ``trained_k``
+    (``draft.ttt_steps`` for EAGLE-3, ``draft.num_depths`` for P-EAGLE),
     logged as ``spec/real_tau`` next to ``spec/simulated_tau``. Needs the hf engine; skipped otherwise."""
     model = getattr(trainer.engine, "model", None)
     starts = [(ex, ex.loss_mask.index(1) if 1 in ex.loss_mask else 0) for ex in trainer.eval_set]
@@ -310,9 +423,9 @@ def trainer_spec_eval(trainer: Any, simulated: Optional[float] = None, max_new_t
         print(f"spec eval skipped at step {trainer.step}: needs the hf engine and held-out data (data.eval_size > 0)",
               file=sys.stderr)
         return {}
-    k = trainer.cfg.draft.ttt_steps
-    stats = held_out_tau(model, trainer.draft, trainer.aux_ids, prompts, k=k, max_new_tokens=max_new_tokens,
+    stats = held_out_tau(model, trainer.draft, trainer.aux_ids, prompts, max_new_tokens=max_new_tokens,
                          eos_ids=eos_ids_of(trainer.tokenizer, model))
+    k = stats["k"]
     out = {"real_tau": stats["tau"], "real_acceptance_per_position": stats["acceptance_per_position"]}
     if trainer.writer is not None:
         trainer.writer.add_scalar("spec/real_tau", stats["tau"], trainer.step)
