@@ -10,7 +10,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from draftsmith.drafts import peagle as pq
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from draftsmith.drafts.peagle import (PEagleConfig, PEagleDraft, attention_mask, cod_sample, full_sample,
-                                      pad_elements, visibility)
+                                      pad_elements)
 from draftsmith.serve.export import vllm_key
 
 V, VD, H, HT, MASK = 50, 20, 32, 24, 7

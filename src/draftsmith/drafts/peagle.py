@@ -331,7 +331,8 @@ class PEagleDraft(Eagle3Draft):
         checkpoint saves, so resume is bitwise), every (anchor, depth) in eval mode (held-out metrics)."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask, cod=self.training)
 
-    def propose(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, num_tokens: int | None = None) -> PEagleProposal:
+    def propose(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor,
+                num_tokens: int | None = None) -> PEagleProposal:
         """Draft K tokens after a context in one forward, as vLLM's parallel-drafting eagle3 proposer does.
 
         aux_hidden (B, T, n, Ht): target aux states at positions 0..T-1; input_ids (B, T): token_{t+1},
