@@ -40,7 +40,6 @@ What vLLM 0.32 runs (read from its source; this is what `propose` reproduces):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -50,7 +49,7 @@ from torch import nn
 from . import eagle3
 from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
 from .eagle3_infer import DraftKVCache
-from .layers import RMSNorm, SwiGLU, repeat_kv
+from .layers import RMSNorm, SwiGLU
 
 __all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
            "pad_elements", "visibility", "attention_mask"]
@@ -176,17 +175,18 @@ def attention_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor
 
 def attend(attn: Eagle3Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
            mask: torch.Tensor, cache: DraftKVCache | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d); scores and softmax in fp32.
+    """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d).
 
     With ``cache`` (S slots) the N new keys/values are appended to it first and the queries attend
-    to all S + N of them: mask (B or 1, 1, N, S + N)."""
+    to all S + N of them: mask (B or 1, 1, N, S + N). One fused SDPA call: the dense (B, h, N, N)
+    scores of a P-EAGLE row (N ~ 3.4 T elements at K=8) are never written out in fp32, which made
+    the unfused form the draft's largest cost on CPU; the kernel accumulates in fp32 under bf16.
+    """
     q, k, v = attn.project(x, cos, sin)  # (B, h, N, d), (B, h_kv, N, d) x2
     if cache is not None:
         k, v = cache.append(k, v)  # (B, h_kv, S + N, d)
-    n_rep = attn.num_heads // attn.num_kv_heads
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(attn.head_dim) + mask  # (B, h, N, N)
-    return scores.softmax(-1).to(v.dtype) @ v
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype),
+                                                            enable_gqa=attn.num_heads != attn.num_kv_heads)
 
 
 class PEagleDecoderLayer(nn.Module):
