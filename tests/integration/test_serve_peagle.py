@@ -49,7 +49,7 @@ def served(tmp_path_factory):
         "data": {"sources": [str(write_jsonl(tmp / "chats.jsonl", rows))], "max_length": 96, "eval_size": 2,
                  "draft_vocab_size": 128},
         "draft": {"type": "peagle", "mask_token_id": MASK, "num_depths": K, "num_draft_layers": 2},
-        "train": {"epochs": 10, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2},
+        "train": {"epochs": 30, "batch_size": 2, "lr": 5e-3, "warmup_steps": 2},
         "output": {"dir": str(tmp / "run"), "tensorboard": False},
     })
     ckpt = train(cfg, progress=False).checkpoint
