@@ -13,7 +13,6 @@ Checks:
    that comparison is an expected failure (strict, so it flips to a failure once the evaluator exists).
 """
 
-import json
 
 import pytest
 
