@@ -191,3 +191,67 @@ def test_package_description_names_only_trainable_families():
     names = {"EAGLE-3": "eagle3", "P-EAGLE": "peagle", "DFlash": "dflash", "JetSpec": "jetspec", "Domino": "domino"}
     claimed = [names[n.strip()] for n in re.split(r",| and ", trains.group(1)) if n.strip()]
     assert claimed and set(claimed) <= set(CHOICES["draft.type"]), (claimed, CHOICES["draft.type"])
+
+
+# ------------------------------------------------------------------ P-EAGLE bad input
+PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}  # 5: unused in chatml
+
+
+@pytest.fixture(scope="module")
+def peagle_run(run, tmp_path_factory):
+    """A 2-step P-EAGLE run through the CLI on the same target and data: (run config, checkpoint)."""
+    tmp = tmp_path_factory.mktemp("peagle-run")
+    cfg = run_config(tmp, run[1], [run[0] / "chats.jsonl"], draft=PEAGLE)
+    r = cli("train", cfg, "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return cfg, tmp / "out" / "checkpoints" / "epoch_0_step_2"
+
+
+@pytest.mark.parametrize("draft, needles", [
+    ({"type": "peagle"}, ["'draft.mask_token_id' is required for draft.type peagle"]),
+    ({**PEAGLE, "mask_token_id": 384}, ["draft.mask_token_id=384", "0..383"]),  # the tiny target's vocab is 384
+    ({**PEAGLE, "mask_token_id": -1}, ["draft.mask_token_id=-1", "0..383"]),
+    ({**PEAGLE, "num_depths": 0}, ["'draft.num_depths' = 0", ">= 1"]),
+], ids=["mask-missing", "mask-past-vocab", "mask-negative", "num-depths-0"])
+def test_bad_peagle_config_is_one_line(run, tmp_path, draft, needles):
+    one_line_error(cli("train", run_config(tmp_path, run[1], [run[0] / "chats.jsonl"], draft=draft), "--no-progress"),
+                   *needles)
+    assert not (tmp_path / "out" / "checkpoints").exists()  # refused before any step
+
+
+def test_a_checkpoint_of_one_family_cannot_resume_the_other(run, peagle_run, tmp_path):
+    _, _, cfg, eagle_ckpt = run
+    peagle_cfg, peagle_ckpt = peagle_run
+    one_line_error(cli("train", peagle_cfg, "--set", f"output.dir={tmp_path / 'a'}", "--set", "draft.type=eagle3",
+                       "--resume", peagle_ckpt, "--no-progress"),
+                   str(peagle_ckpt), "a peagle checkpoint cannot resume a draft.type eagle3 run")
+    one_line_error(cli("train", cfg, "--set", f"output.dir={tmp_path / 'b'}", "--set", "draft.type=peagle",
+                       "--set", "draft.mask_token_id=5", "--resume", eagle_ckpt, "--no-progress"),
+                   str(eagle_ckpt), "a eagle3 checkpoint cannot resume a draft.type peagle run")
+
+
+def relabelled(ckpt: Path, tmp_path: Path, to: str) -> Path:
+    """A copy of ``ckpt`` whose config.json claims the other family (its weights are unchanged)."""
+    out = shutil.copytree(ckpt, tmp_path / ckpt.name)
+    path = out / "model" / "consolidated" / "config.json"
+    cfg = json.loads(path.read_text())
+    for key in ("parallel_drafting", "mask_token_id", "num_depths", "down_sample_ratio", "down_sample_ratio_min"):
+        cfg.pop(key, None)
+    if to == "peagle":
+        cfg.update(parallel_drafting=True, mask_token_id=5, num_depths=3)
+    else:
+        cfg["num_hidden_layers"] = 1
+    path.write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("claims", ["eagle3", "peagle"])
+@pytest.mark.parametrize("command", ["eval", "export", "serve vllm", "serve sglang"])
+def test_weights_of_one_family_under_the_other_config_are_one_line(run, peagle_run, tmp_path, command, claims):
+    # config.json decides the loader: P-EAGLE weights (mask_hidden, layers 1..L-1) under an EAGLE-3
+    # config, or EAGLE-3 weights under a P-EAGLE config, must not load, export or serve quietly.
+    real = peagle_run[1] if claims == "eagle3" else run[3]
+    ckpt = relabelled(real, tmp_path, claims)
+    r = cli(*READERS[command](ckpt, run, tmp_path))
+    one_line_error(r, str(ckpt / "model" / "consolidated"))
+    assert not (tmp_path / "exported").exists()

@@ -15,10 +15,7 @@ fourth server start.
 """
 
 import json
-import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,84 +26,18 @@ import torch  # noqa: E402
 
 from draftsmith.config import build_config  # noqa: E402
 from draftsmith.serve.export import export_draft  # noqa: E402
-from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
+from draftsmith.serve.process import free_port  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
+from vllm_http import MAX_TOKENS, Server, hf_greedy, http, prompt_ids  # noqa: E402
+from vllm_http import serve_cmd as _serve_cmd  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[2] / "src"
 K = 3
-MAX_TOKENS = 20
-READY_S = 300  # bounded wait for a server (CPU start ~30 s; generous for a loaded CI box)
 PROMPTS = ["Tell me a joke about cats.", "What is the capital of France?"]
 
 
-def http(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-class Server(ServerProcess):
-    """A vLLM OpenAI server for these tests: started in its own group, always stopped."""
-
-    def __init__(self, argv: list[str], port: int, log: Path):
-        super().__init__(argv, port, log, ready_s=READY_S, env={
-            "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])})
-
-    def __enter__(self):
-        super().__enter__()
-        self.model = json.loads(http(self.base + "/v1/models")[1])["data"][0]["id"]
-        return self
-
-    def complete(self, prompt_ids: list[int]) -> list[int]:
-        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True}
-        code, text = http(self.base + "/v1/completions", body)
-        assert code == 200, text
-        return json.loads(text)["choices"][0]["token_ids"]
-
-    def spec_counters(self) -> dict[str, float]:
-        """vllm:spec_decode_num_* summed over label sets, from the Prometheus text."""
-        out: dict[str, float] = {}
-        for line in http(self.base + "/metrics")[1].splitlines():
-            name = line.split("{")[0].split(" ")[0]
-            if name.startswith("vllm:spec_decode_num_") and name.endswith("_total") and "per_pos" not in name:
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return out
-
-
-def hf_greedy(target: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            for _ in range(n):
-                nxt = model(ids).logits[0, -1].argmax()
-                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-            outs.append(ids[0, len(p):].tolist())
-    return outs
-
-
 def serve_cmd(target: Path, draft: Path, port: int) -> list[str]:
-    return [sys.executable, "-m", "draftsmith.serve.cli", "serve", "vllm", "--target", str(target), "--draft", str(draft),
-            "--num-speculative-tokens", str(K), "--port", str(port), "--dtype", "float32", "--max-model-len", "512",
-            "--", "--enforce-eager", "--seed", "0"]
-
-
-def prompt_ids(tok, questions=PROMPTS) -> list[list[int]]:
-    out = []
-    for q in questions:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
-        out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-    return out
+    return _serve_cmd(target, draft, port, K)
 
 
 @pytest.mark.vllm
@@ -208,7 +139,7 @@ def build_always_agree(tmp_path: Path, tok) -> tuple[Path, Path, int]:
 def test_always_agree_draft_reaches_full_acceptance(tmp_path):
     tok = make_tokenizer("chatml")
     target, draft, x = build_always_agree(tmp_path, tok)
-    prompts = prompt_ids(tok)
+    prompts = prompt_ids(tok, PROMPTS)
     assert hf_greedy(target, prompts, MAX_TOKENS) == [[x] * MAX_TOKENS] * len(prompts)  # the construction holds
     port = free_port()
     with Server(serve_cmd(target, draft, port), port, tmp_path / "agree.log") as s:

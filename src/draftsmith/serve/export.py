@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 from draftsmith.weights import read_tensors
 
-from .resolve import TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, resolve_draft
+from .resolve import TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, check_family_weights, resolve_draft
 
 VLLM_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 EXPORT_VERSION = 2  # 2: t2d is carried. Bump when the copy format changes so old caches rebuild
@@ -222,6 +222,7 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
     if draft.is_hub:
         raise ServeError(f"export: '{src}' is a hub id; download it first (huggingface-cli download {src}) "
                          "and export the local directory")
+    check_family_weights(draft)  # a rename would carry mislabelled weights to the engine unnoticed
     if to == "vllm":
         from .vllm import vllm_config
 

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 from draftsmith.weights import read_tensors
 
 from .export import Prepared, prepare_cached
-from .resolve import Draft, ServeError, draft_family, is_dflash_family
+from .resolve import Draft, ServeError, check_family_weights, draft_family, is_dflash_family
 
 SGLANG_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 TOKEN_MAP = "speculative_token_map.pt"
@@ -135,6 +135,7 @@ def prepare_sglang(draft: Draft, *, dry_run: bool = False, export_dir: Optional[
     if draft.is_hub:
         reject_for_sglang(draft.config)
         return Prepared(draft.source, "hub", f"hub id {draft.source}: passed to SGLang untouched"), None
+    check_family_weights(draft)  # e.g. P-EAGLE weights under a config that lost parallel_drafting
     args = sglang_copy_args(draft)
     pruned = int(draft.config.get("draft_vocab_size") or 0) not in (0, int(draft.config.get("vocab_size") or 0))
     prepared = prepare_cached(draft, kind="sglang", options={}, out=export_dir, dry_run=dry_run, **args)

