@@ -303,6 +303,15 @@ class Trainer:
                 self.batch_pos += len(window)
                 history.append((self.step, loss_sum))
                 elapsed = time.perf_counter() - start
+                stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
+                if t.max_time_s is not None:
+                    # The bar's total (and so its ETA) is where the time budget stops the run, not
+                    # the end of the epoch; it ends full when the budget does. Set before the
+                    # update draws the bar.
+                    bar.total = self.step if stop else max(self.step + 1, reachable_step(
+                        self.step, self.total_steps, t.max_time_s, elapsed, self.step - start_step))
+                    if not stop:
+                        self.fit_schedule(elapsed, self.step - start_step)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum:.3f}", **{k: f"{scalars[v]:.3f}" for k, v in self.family.PROGRESS.items()},
                                 tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
@@ -312,15 +321,6 @@ class Trainer:
                         self.writer.add_scalar(f"train/{name}", value, self.step)
                     self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
                     self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
-                stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
-                if t.max_time_s is not None:
-                    # The bar's total (and so its ETA) is where the time budget stops the run,
-                    # not the end of the epoch; it ends full when the budget does.
-                    bar.total = self.step if stop else max(self.step + 1, reachable_step(
-                        self.step, self.total_steps, t.max_time_s, elapsed, self.step - start_step))
-                    bar.refresh()
-                    if not stop:
-                        self.fit_schedule(elapsed, self.step - start_step)
                 # ---------------------------------------------------------- eval, save (periodic)
                 if t.eval_every and self.step % t.eval_every == 0 and not stop:
                     eval_metrics = self.evaluate()
