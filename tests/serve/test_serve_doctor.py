@@ -133,3 +133,9 @@ def test_target_special_ids_from_generation_config(tmp_path):
     (t / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 30]}))
     cfg = sc.eagle_config(parallel_drafting=True, mask_token_id=30, num_depths=4)
     one(problems(sc.write(tmp_path / "d", cfg, sc.eagle_state(peagle=True)), t), "mask token 30 is the target's eos")
+
+
+def test_peagle_weights_under_an_eagle3_config(tmp_path, target):
+    # parallel_drafting lost from config.json: export/serve refuse it, and doctor says so too
+    d = sc.draftsmith_checkpoint(tmp_path / "d", sc.eagle_config(), sc.eagle_state(peagle=True))
+    one(problems(d, target), "weights:", "P-EAGLE's 'mask_hidden'", "restore parallel_drafting: true")
