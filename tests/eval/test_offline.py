@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from draftsmith.eval.offline import Eagle3Proposer, HFTarget
+from draftsmith.eval.offline import Eagle3Proposer, HFTarget, PEagleProposer
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import Proposal, generate_plain, generate_speculative, verify_greedy
 from eval_helpers import AUX_IDS, draft_for
@@ -94,8 +94,10 @@ def test_verify_greedy_hand_example():
     assert verify_greedy(torch.tensor([2, 5, 1]), logits) == (3, [2, 5, 1, 4])
 
 
-def always_agree(x=7, vocab=64, hidden=64):
-    """Target and draft that both always say token x (the construction in the brief)."""
+def always_agree(x=7, vocab=64, hidden=64, **peagle):
+    """Target and draft that both always say token x (the construction in the brief). With P-EAGLE
+    knobs (``peagle``) the draft is a P-EAGLE one whose mask_hidden carries the same ~100 in dim 0,
+    so its mask slots look like real ones."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -107,22 +109,30 @@ def always_agree(x=7, vocab=64, hidden=64):
         model.model.embed_tokens.weight[:, 0] = 100.0  # the residual stream is dominated by dim 0
         model.lm_head.weight[x] = 0
         model.lm_head.weight[x, 0] = 10.0  # final normed state ~ e_0 -> logit of x ~ 10 * sqrt(H)
-    draft = draft_for(model, seed=1)
+    draft = draft_for(model, seed=1, **peagle)
     with torch.no_grad():
         for name, p in draft.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 p.normal_(0.0, 0.01)
         draft.model.fc.weight[0, 0] = 1.0  # h[0] = aux_0[0] ~ 100
+        if peagle:
+            draft.mask_hidden.zero_()
+            draft.mask_hidden[0, 0, 0] = 100.0
         draft.lm_head.weight[x] = 0
         draft.lm_head.weight[x, 0] = 10.0
     return model, draft
 
 
+PEAGLE = {"mask_token_id": 63, "num_depths": 4, "num_draft_layers": 2}
+
+
 @pytest.mark.parametrize("k", [2, 4])
-def test_always_agree_draft_gives_tau_k_plus_1(k):
-    model, draft = always_agree()
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_always_agree_draft_gives_tau_k_plus_1(k, family):
+    model, draft = always_agree(**(PEAGLE if family == "peagle" else {}))
     target = HFTarget(model, AUX_IDS)
-    out = generate_speculative(target, Eagle3Proposer(draft), [3, 9, 11, 2, 5], k=k, max_new_tokens=25)
+    proposer = PEagleProposer(draft) if family == "peagle" else Eagle3Proposer(draft)
+    out = generate_speculative(target, proposer, [3, 9, 11, 2, 5], k=k, max_new_tokens=25)
     assert out.tokens == [7] * 25 == generate_plain(target, [3, 9, 11, 2, 5], max_new_tokens=25).tokens
     s = acceptance_stats(out.accepted, k)
     assert s["tau"] == k + 1 and s["acceptance_per_position"] == [1.0] * k

@@ -12,9 +12,9 @@ from draftsmith.eval.offline import (PROPOSERS, HFTarget, PEagleProposer, check_
                                      proposer_for)
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, generate_speculative
-from eval_helpers import AUX_IDS, draft_for, save_vllm_layout
-from fixtures import tiny_llama_config
+from eval_helpers import AUX_IDS, save_vllm_layout
 from test_eval_cli import save_checkpoint_layout
+from test_offline import PEAGLE, always_agree
 
 
 def reference(draft, state):
@@ -74,31 +74,9 @@ def test_proposal_is_the_first_k_depths_of_one_forward(tiny, tiny_peagle):
         PEagleProposer(tiny_peagle).propose(state)
 
 
-def always_agree_peagle(x=7, vocab=64, hidden=64):
-    """Target and P-EAGLE draft that both always say token x: the target's residual stream is
-    dominated by embedding dim 0 (~100); the draft's fc passes aux dim 0 through, mask_hidden carries
-    the same 100 in that slot, and both heads read dim 0 into x."""
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_llama_config(vocab, num_layers=4, hidden=hidden)).eval().requires_grad_(False)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.01)
-        model.model.embed_tokens.weight[:, 0] = 100.0
-        model.lm_head.weight[x] = 0
-        model.lm_head.weight[x, 0] = 10.0
-    draft = draft_for(model, seed=1, mask_token_id=vocab - 1, num_depths=4, num_draft_layers=2)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.normal_(0.0, 0.01)
-        draft.model.fc.weight[0, 0] = 1.0  # h[0] = aux_0[0] ~ 100
-        draft.mask_hidden.zero_()
-        draft.mask_hidden[0, 0, 0] = 100.0  # the mask slots' state looks like a real one in dim 0
-        draft.lm_head.weight[x] = 0
-        draft.lm_head.weight[x, 0] = 10.0
+def always_agree_peagle():
+    """test_offline's always-agree target and draft, the draft a P-EAGLE one (fp32 eval)."""
+    model, draft = always_agree(**PEAGLE)
     return model, draft.eval().requires_grad_(False)
 
 
@@ -119,17 +97,6 @@ class Corrupting(PEagleProposer):
         self.expected.append(min(w, state.k))
         self.round += 1
         return Proposal(toks)
-
-
-@pytest.mark.parametrize("k", [2, 4])
-def test_always_agree_draft_gives_tau_k_plus_1(k):
-    model, draft = always_agree_peagle()
-    target = HFTarget(model, AUX_IDS)
-    out = generate_speculative(target, PEagleProposer(draft), [3, 9, 11, 2, 5], k=k, max_new_tokens=25)
-    assert out.tokens == [7] * 25 == generate_plain(target, [3, 9, 11, 2, 5], max_new_tokens=25).tokens
-    s = acceptance_stats(out.accepted, k)
-    assert s["tau"] == k + 1 and s["acceptance_per_position"] == [1.0] * k
-    assert len(out.accepted) == -(-24 // (k + 1))  # 1 token from the prefill, then k+1 per round
 
 
 def test_accepted_counts_stop_at_the_corrupted_depth():
