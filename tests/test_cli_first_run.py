@@ -230,6 +230,14 @@ def test_a_checkpoint_of_one_family_cannot_resume_the_other(run, peagle_run, tmp
                    str(eagle_ckpt), "a eagle3 checkpoint cannot resume a draft.type peagle run")
 
 
+def test_resume_refuses_a_changed_mask_token(run, peagle_run, tmp_path):
+    # the weights were trained with mask token 5: another id would load and train on silently
+    peagle_cfg, peagle_ckpt = peagle_run
+    one_line_error(cli("train", peagle_cfg, "--set", f"output.dir={tmp_path / 'a'}", "--set", "draft.mask_token_id=6",
+                       "--resume", peagle_ckpt, "--no-progress"),
+                   str(peagle_ckpt), "the draft's config changed since this checkpoint (mask_token_id 5 -> 6)")
+
+
 def relabelled(ckpt: Path, tmp_path: Path, to: str) -> Path:
     """A copy of ``ckpt`` whose config.json claims the other family (its weights are unchanged)."""
     out = shutil.copytree(ckpt, tmp_path / ckpt.name)

@@ -9,6 +9,7 @@ Everything that decides the result (data order, optimizer, schedule, RNG) is res
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -216,6 +217,15 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
                 f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
+        # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
+        # one the weights were trained as: a changed value would load and train on silently.
+        was_cfg, now_cfg = saved["config"], json.loads(json.dumps(self.draft.export_config(self.aux_ids, "float32")))
+        changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
+                   if was_cfg.get(k) != now_cfg.get(k)]
+        if changed:
+            raise ckpt.CheckpointError(
+                f"{self.resumed_from}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
+                "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
         self.draft.load_state_dict(saved["model_state"])
         self.optimizer.load_state_dict(saved["optim"]["optimizer"])
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
