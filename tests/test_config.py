@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.config import ConfigError, RunConfig, build_config, dump_config, load_config, parse_overrides
+from draftsmith.config import CHOICES, ConfigError, RunConfig, build_config, dump_config, load_config, parse_overrides
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
@@ -76,9 +76,15 @@ def test_dump_round_trip():
     assert build_config(yaml.safe_load(dump_config(cfg))) == cfg
 
 
-@pytest.mark.parametrize("name", ["smoke.yaml", "smollm2_eagle3.yaml", "remote_target.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_examples_are_valid(name):
     load_config(EXAMPLES / name)
+
+
+def test_every_family_has_a_smoke_and_a_smollm2_example():
+    types = {load_config(p).draft.type: p.name for p in EXAMPLES.glob("smo*.yaml")}
+    assert {load_config(EXAMPLES / n).draft.type for n in ("smoke_peagle.yaml", "smollm2_peagle.yaml")} == {"peagle"}
+    assert set(types) == set(CHOICES["draft.type"]), types
 
 
 def test_readme_lists_every_config_key():
