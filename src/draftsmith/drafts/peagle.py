@@ -12,36 +12,13 @@ Visibility (one attention over all elements of a row):
     visible(q, kv) = (depth_kv == 0 and anchor_q >= anchor_kv) or (anchor_q == anchor_kv and depth_q >= depth_kv)
 i.e. every query sees the real context up to its anchor plus its own anchor's mask slots up to itself.
 
-What vLLM 0.32 runs (read from its source; this is what `propose` reproduces):
-- vllm/config/speculative.py: `parallel_drafting` is a speculative-config field (config.json's own
-  `parallel_drafting` is not read); method stays `eagle3` (speculators `peagle` maps to it).
-- vllm/v1/spec_decode/llm_base_proposer.py `_init_parallel_drafting_params`: the mask token is
-  `dflash_config.mask_token_id`, else `mask_token_id`, else `dspark_noise_token_id`, `pard_token`,
-  `ptd_token_id`. `load_model` computes the mask slots' hidden once as
-  `combine_hidden_states(mask_hidden)` (fc_norm + fc, like real aux states).
-- Same file, `set_inputs_first_pass` + vllm/v1/spec_decode/utils.py
-  `copy_and_expand_eagle_inputs_kernel` (shift_input_ids=True for eagle3): for a request whose new
-  target tokens sit at positions p..p+n, draft slot j = (target hidden at p+j, token at p+j+1) at
-  position p+j; slot n holds (hidden at p+n, the target's newly sampled "bonus" token); slots
-  n+1..n+K-1 hold (mask hidden, mask token) at positions p+n+1..p+n+K-1. Hidden states are not shifted.
-  The K sampled rows are slots n..n+K-1 (`token_indices_to_sample`), argmax of `compute_logits`
-  (lm_head(norm(.)), draft ids mapped through d2t); `propose` returns after this one forward.
-- The draft attends causally through its own KV cache. Cache positions below p were written by
-  earlier rounds' real (depth-0) slots; mask slots written in an earlier round sit at positions >= p
-  and are overwritten this round. So a mask slot at depth d sees the depth-0 entries (aux_t, token_{t+1})
-  of the whole prefix t <= anchor plus mask slots 1..d: exactly the visibility rule above.
-- vllm/model_executor/models/llama_eagle3.py: `LlamaModel` builds `num_hidden_layers` layers; layer 0
-  reads cat(input_layernorm(embed), hidden_norm(h)) (2H, residual = h), layers >= 1 are plain Llama
-  layers on H (input_layernorm/post_attention_layernorm fused with the residual add). Weights:
-  `mask_hidden` (top level, reshaped to (1, n*Ht)), every other non-lm_head name gets `model.` prepended,
-  so our `model.layers.{i}.*` keys load once export strips our `model.` prefix. Layers >= 1 also own
-  an unused `hidden_norm` that stays at its init; we do not export one.
+Inference (`propose`, `propose_cached`, as vLLM 0.32 runs a parallel draft) lives in peagle_infer.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -49,6 +26,7 @@ from torch import nn
 from . import eagle3
 from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
 from .eagle3_infer import DraftKVCache
+from .peagle_infer import PEagleInference, PEagleProposal
 from .layers import RMSNorm, SwiGLU
 
 __all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
@@ -233,14 +211,7 @@ class PEagleOutput:
         return simulated_tau(self.depth_prefix, self.depth_count)
 
 
-class PEagleProposal(NamedTuple):
-    """K drafted tokens per row: `token_ids` (B, K) target-vocab ids, `logits` (B, K, Vd) fp32."""
-
-    token_ids: torch.Tensor
-    logits: torch.Tensor
-
-
-class PEagleDraft(Eagle3Draft):
+class PEagleDraft(PEagleInference, Eagle3Draft):
     """P-EAGLE draft: the EAGLE-3 modules plus layers 1..L-1 and `mask_hidden`.
 
     Inherits the vocab map, `load_target_embeddings`, `init_from_target`, `combine`, `compute_logits`.
@@ -330,63 +301,6 @@ class PEagleDraft(Eagle3Draft):
         """:meth:`forward` on ``eagle3`` supervision: COD while training (torch's global RNG, which every
         checkpoint saves, so resume is bitwise), every (anchor, depth) in eval mode (held-out metrics)."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask, cod=self.training)
-
-    def propose(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor,
-                num_tokens: int | None = None) -> PEagleProposal:
-        """Draft K tokens after a context in one forward, as vLLM's parallel-drafting eagle3 proposer does.
-
-        aux_hidden (B, T, n, Ht): target aux states at positions 0..T-1; input_ids (B, T): token_{t+1},
-        so input_ids[:, -1] is the target's newest (bonus) token. The flat sequence is T real slots
-        (fc(aux_t), token_{t+1}) at positions 0..T-1 then K-1 (fc(mask_hidden), mask_token_id) slots at
-        T..T+K-2, under a plain causal mask (what vLLM's KV cache gives); rows T-1..T+K-2 are sampled.
-        A full recompute, no cache. Wrap in torch.no_grad() for inference.
-        """
-        k = self.cfg.num_depths if num_tokens is None else num_tokens
-        if k < 1:
-            raise ValueError(f"num_tokens={k} must be >= 1")
-        b, t = input_ids.shape
-        h = self.combine(aux_hidden)  # (B, T, H)
-        hidden = torch.cat([h, self.combine(self.mask_hidden).to(h.dtype).expand(b, k - 1, -1)], 1)  # (B, S, H)
-        ids = torch.cat([input_ids, input_ids.new_full((b, k - 1), self.cfg.mask_token_id)], 1)  # (B, S)
-        s = t + k - 1
-        positions = torch.arange(s, device=input_ids.device).expand(b, s)
-        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-        mask = torch.zeros(s, s, device=input_ids.device).masked_fill(~causal, float("-inf"))[None, None]
-        logits = self.compute_logits(self.run_layers(hidden, ids, positions, mask)[:, t - 1:])  # (B, K, Vd)
-        return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
-
-    def new_cache(self) -> list[DraftKVCache]:
-        """Empty per-layer KV caches for :meth:`propose_cached`."""
-        return [DraftKVCache() for _ in self.model.layers]
-
-    def propose_cached(self, caches: list[DraftKVCache], aux_hidden: torch.Tensor, input_ids: torch.Tensor,
-                       num_tokens: int) -> PEagleProposal:
-        """:meth:`propose` over a prefix whose first S depth-0 slots are already in ``caches`` (vLLM's
-        draft KV cache): equal to ``propose`` on the whole prefix up to float rounding.
-
-        caches: from :meth:`new_cache`, every layer holding the depth-0 slots of positions 0..S-1;
-        aux_hidden (B, T, n, Ht) and input_ids (B, T), T >= 1: the next depth-0 slots (positions
-        S..S+T-1, the last one carrying the bonus token). They are appended for good (depth-0 slots
-        are committed context, never drafts); the K-1 mask slots after them are dropped again.
-        """
-        k, b, t = num_tokens, input_ids.shape[0], input_ids.shape[1]
-        past = len(caches[0])
-        if k < 1 or t < 1 or any(len(c) != past for c in caches):
-            raise ValueError(f"propose_cached: num_tokens={k} and new slots={t} must be >= 1, and every layer's "
-                             f"cache must hold the same slots (got {[len(c) for c in caches]})")
-        h = self.combine(aux_hidden)  # (B, T, H)
-        hidden = torch.cat([h, self.combine(self.mask_hidden).to(h.dtype).expand(b, k - 1, -1)], 1)  # (B, N, H)
-        ids = torch.cat([input_ids, input_ids.new_full((b, k - 1), self.cfg.mask_token_id)], 1)  # (B, N)
-        n = t + k - 1
-        positions = torch.arange(past, past + n, device=input_ids.device).expand(b, n)
-        # new slot i (position past + i) sees cached and new keys j <= past + i: (1, 1, N, S + N)
-        visible = torch.arange(past + n, device=input_ids.device)[None] <= positions[0, :, None]
-        mask = torch.zeros(visible.shape, device=input_ids.device).masked_fill(~visible, float("-inf"))[None, None]
-        normed = self.run_layers(hidden, ids, positions, mask, caches)
-        for c in caches:
-            c.crop(past + t)  # keep the depth-0 slots, drop this round's mask slots
-        logits = self.compute_logits(normed[:, t - 1:])  # (B, K, Vd)
-        return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
