@@ -478,10 +478,12 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
 
 
 def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
-    """Copy the target's embeddings (frozen per ``draft.freeze_embeddings``), install the vocab map,
-    and with ``draft.init_from_target`` start from the target's lm_head rows and final norm."""
-    freeze = FREEZE_EMBEDDINGS if draft.freeze_embeddings is None else draft.freeze_embeddings
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any,
+                  freeze_default: bool = FREEZE_EMBEDDINGS) -> None:
+    """Copy the target's embeddings (frozen per ``draft.freeze_embeddings``, ``freeze_default`` when
+    it is null), install the vocab map, and with ``draft.init_from_target`` start from the target's
+    lm_head rows and final norm."""
+    freeze = freeze_default if draft.freeze_embeddings is None else draft.freeze_embeddings
     model.load_target_embeddings(embeddings, freeze=freeze)
     if model.cfg.pruned:
         model.set_vocab_map(vocab.d2t, vocab.t2d)
@@ -490,11 +492,17 @@ def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
         model.init_from_target(lm_head, vocab.draft_ids, final_norm)
 
 
+def position_summary(correct: torch.Tensor, prefix: torch.Tensor, count: torch.Tensor) -> dict:
+    """(K,) summed counts per drafted position -> accuracy per position, simulated tau (1 + sum of
+    prefix-hit rates) and supervised positions; shared by the families that draft K positions."""
+    n = count.double()
+    return {"step_accuracy": (correct.double() / n.clamp(min=1)).tolist(),
+            "simulated_tau": simulated_tau(prefix, count), "positions": int(n[0])}
+
+
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
     """Per-step accuracy, simulated tau and supervised positions from summed :attr:`Eagle3Output.sums`."""
-    count = sums["step_count"].double()
-    return {"step_accuracy": (sums["step_correct"].double() / count.clamp(min=1)).tolist(),
-            "simulated_tau": simulated_tau(sums["prefix_correct"], sums["step_count"]), "positions": int(count[0])}
+    return position_summary(sums["step_correct"], sums["prefix_correct"], sums["step_count"])
 
 
 def scalars(summary: dict) -> dict[str, float]:

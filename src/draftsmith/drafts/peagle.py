@@ -336,9 +336,7 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
 def attach_target(model: PEagleDraft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
     """As EAGLE-3 (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
-    freeze = FREEZE_EMBEDDINGS if draft.freeze_embeddings is None else draft.freeze_embeddings
-    eagle3.attach_target(model, type(draft)(**{**vars(draft), "freeze_embeddings": freeze}), embeddings=embeddings,
-                         head=head, vocab=vocab)
+    eagle3.attach_target(model, draft, embeddings=embeddings, head=head, vocab=vocab, freeze_default=FREEZE_EMBEDDINGS)
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
@@ -347,9 +345,7 @@ def summarize(sums: dict[str, torch.Tensor]) -> dict:
     The simulated tau drafts all K depths at every anchor and accepts the longest agreeing prefix
     (1 + sum_d P(depths 0..d agree)); on held-out data it is computed without COD.
     """
-    count = sums["depth_count"].double()
-    return {"step_accuracy": (sums["depth_correct"].double() / count.clamp(min=1)).tolist(),
-            "simulated_tau": simulated_tau(sums["depth_prefix"], sums["depth_count"]), "positions": int(count[0])}
+    return eagle3.position_summary(sums["depth_correct"], sums["depth_prefix"], sums["depth_count"])
 
 
 scalars = eagle3.scalars
