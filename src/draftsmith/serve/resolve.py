@@ -194,8 +194,8 @@ def weight_names(draft: Draft) -> list[str]:
     return sorted(weight_shapes(draft))
 
 
-def check_family_weights(draft: Draft) -> None:
-    """Refuse EAGLE-family weights that config.json describes as the other family.
+def family_weight_problems(draft: Draft) -> list[str]:
+    """EAGLE-family weights that config.json describes as the other family, one line each.
 
     config.json alone picks the family (and so vLLM's mode and K), and every copy is a plain
     rename, so a P-EAGLE checkpoint whose config lost ``parallel_drafting`` would be served as a
@@ -205,24 +205,33 @@ def check_family_weights(draft: Draft) -> None:
     """
     family = draft.family
     if draft.is_hub or family not in ("eagle3", "peagle"):
-        return
+        return []
     names = {n.removeprefix("model.") for n in weight_names(draft)}
-    where = f"{draft.dir}: config.json describes {'a P-EAGLE' if family == 'peagle' else 'an EAGLE-3'} draft"
+    where = f"config.json describes {'a P-EAGLE' if family == 'peagle' else 'an EAGLE-3'} draft"
+    out = []
     if family == "eagle3" and "mask_hidden" in names:
-        raise ServeError(f"{where} (no parallel_drafting) but its weights hold P-EAGLE's 'mask_hidden'; restore "
-                         "parallel_drafting: true, mask_token_id and num_depths in config.json, or pass the EAGLE-3 "
-                         "checkpoint you meant")
+        out.append(f"{where} (no parallel_drafting) but its weights hold P-EAGLE's 'mask_hidden'; restore "
+                   "parallel_drafting: true, mask_token_id and num_depths in config.json, or pass the EAGLE-3 "
+                   "checkpoint you meant")
     if family == "peagle" and "mask_hidden" not in names:
-        raise ServeError(f"{where} (parallel_drafting: true) but its weights have no 'mask_hidden', so they are not "
-                         "a P-EAGLE draft; remove parallel_drafting from config.json, or pass the P-EAGLE checkpoint "
-                         "you meant")
+        out.append(f"{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are "
+                   "not a P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from "
+                   "config.json, or pass the P-EAGLE checkpoint you meant")
     layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
     want = draft.config.get("num_hidden_layers")
     if layers and want is not None and layers != set(range(int(want))):
-        raise ServeError(f"{where} with num_hidden_layers {want} but its weights hold layers {sorted(layers)}; "
-                         "set num_hidden_layers to the number of layers trained (P-EAGLE: num_draft_layers, "
-                         "EAGLE-3: 1), or pass the checkpoint you meant")
+        out.append(f"{where} with num_hidden_layers {want} but its weights hold layers {sorted(layers)}; "
+                   "set num_hidden_layers to the number of layers trained (P-EAGLE: num_draft_layers, "
+                   "EAGLE-3: 1), or pass the checkpoint you meant")
+    return out
 
 
-__all__ = ["Draft", "ServeError", "check_family_weights", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
+def check_family_weights(draft: Draft) -> None:
+    """Refuse (one-line ServeError) what :func:`family_weight_problems` finds, before anything is written."""
+    problems = family_weight_problems(draft)
+    if problems:
+        raise ServeError(f"{draft.dir}: {problems[0]}")
+
+
+__all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
            "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS", "DFLASH_ARCHS"]
