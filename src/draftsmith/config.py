@@ -52,6 +52,7 @@ class DataConfig:
     max_length: int = 512  # tokens per rendered conversation (truncated)
     eval_size: float = 0.02  # held-out split: a fraction (< 1) or a count (>= 1)
     chat_template: Optional[str] = None  # overrides the tokenizer's chat template
+    chat_template_kwargs: Optional[dict] = None  # e.g. {enable_thinking: false}; null = those of a `draftsmith regenerate` source (else none)
     draft_vocab_size: Optional[int] = 8192  # None = the full target vocab
     vocab_cache_dir: Optional[str] = None  # default <output.dir>/cache
 

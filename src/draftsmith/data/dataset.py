@@ -29,6 +29,7 @@ def build_examples(
     tokenizer: Any,
     max_length: Optional[int],
     chat_template: Optional[str] = None,
+    template_kwargs: Optional[dict] = None,
 ) -> tuple[list[Example], int]:
     """Render every conversation; return ``(examples, dropped)``.
 
@@ -38,7 +39,7 @@ def build_examples(
     examples: list[Example] = []
     dropped = 0
     for messages in convs:
-        ids, mask = render(messages, tokenizer, max_length, chat_template)
+        ids, mask = render(messages, tokenizer, max_length, chat_template, template_kwargs)
         if any(mask):
             examples.append(Example(ids, mask))
         else:

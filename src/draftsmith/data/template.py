@@ -35,17 +35,18 @@ def _template_for(tokenizer: Any, chat_template: Optional[str]) -> str:
     return template
 
 
-def _text(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool) -> str:
+def _text(tokenizer: Any, template: str, messages: list[dict], generation_prompt: bool,
+          kwargs: Optional[dict] = None) -> str:
     return tokenizer.apply_chat_template(
-        messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
+        messages, chat_template=template, tokenize=False, add_generation_prompt=generation_prompt, **(kwargs or {})
     )
 
 
-def _end_of_turn(tokenizer: Any, template: str) -> str:
+def _end_of_turn(tokenizer: Any, template: str, kwargs: Optional[dict] = None) -> str:
     """The text the template writes right after an assistant turn's content (e.g. ``<|im_end|>\\n``)."""
     probe = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_REPLY}]
     try:
-        full = _text(tokenizer, template, probe, False)
+        full = _text(tokenizer, template, probe, False, kwargs)
     except Exception:  # a template with unusual requirements: fall back to content-only spans
         return ""
     at = full.rfind(_PROBE_REPLY)
@@ -61,7 +62,8 @@ def _content_candidates(content: str) -> list[str]:
 
 
 def assistant_spans(
-    messages: list[dict], tokenizer: Any, template: str, full: str, limit: Optional[int] = None
+    messages: list[dict], tokenizer: Any, template: str, full: str, limit: Optional[int] = None,
+    kwargs: Optional[dict] = None,
 ) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of each assistant turn (content + end-of-turn) in ``full``.
 
@@ -78,8 +80,8 @@ def assistant_spans(
         span = None
         if i > 0:
             try:
-                start_text = _text(tokenizer, template, messages[:i], True)
-                end_text = _text(tokenizer, template, messages[: i + 1], False)
+                start_text = _text(tokenizer, template, messages[:i], True, kwargs)
+                end_text = _text(tokenizer, template, messages[: i + 1], False, kwargs)
             except Exception:
                 start_text = end_text = None
             if (
@@ -102,7 +104,7 @@ def assistant_spans(
                 continue  # the template dropped this turn's content: nothing to supervise
             end = at + len(content)
             if eot is None:
-                eot = _end_of_turn(tokenizer, template)
+                eot = _end_of_turn(tokenizer, template, kwargs)
             if eot and full.startswith(eot, end):
                 end += len(eot)
             span = (at, end)
@@ -118,22 +120,25 @@ def render(
     tokenizer: Any,
     max_length: Optional[int],
     chat_template: Optional[str] = None,
+    template_kwargs: Optional[dict] = None,
 ) -> tuple[list[int], list[int]]:
     """Tokenize ``messages`` with the chat template; return ``(input_ids, loss_mask)``.
 
     The text is rendered once (``tokenize=False``) and tokenized with ``add_special_tokens=False``
     (the template already writes BOS where it wants one). ``chat_template`` overrides the
-    tokenizer's own template. Both lists are truncated to ``max_length`` tokens when it is set.
+    tokenizer's own template; ``template_kwargs`` (e.g. ``{"enable_thinking": False}``) go to the
+    template as they did when the data was regenerated. Both lists are truncated to ``max_length``
+    tokens when it is set.
     """
     template = _template_for(tokenizer, chat_template)
-    full = _text(tokenizer, template, messages, False)
+    full = _text(tokenizer, template, messages, False, template_kwargs)
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(enc["input_ids"])
     offsets = enc["offset_mapping"]
     if max_length is not None:
         input_ids, offsets = input_ids[:max_length], offsets[:max_length]
     limit = max((end for _, end in offsets), default=0)  # characters covered by the kept tokens
-    spans = assistant_spans(messages, tokenizer, template, full, limit)
+    spans = assistant_spans(messages, tokenizer, template, full, limit, template_kwargs)
 
     # Spans are sorted and disjoint, so one forward sweep labels every token: token [a, b) is
     # supervised iff a < span_end and b > span_start for some span.

@@ -18,7 +18,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_eval(target=args.target, draft=args.draft, prompts=args.prompts, k=args.k,
+    report = run_eval(chat_template_kwargs=template_kwargs_arg(args.chat_template_kwargs),target=args.target, draft=args.draft, prompts=args.prompts, k=args.k,
                       temperature=args.temperature, max_new_tokens=args.max_new_tokens, multi_turn=args.multi_turn,
                       limit=args.limit, dtype=args.dtype, plain=not args.no_plain, seed=args.seed,
                       ignore_eos=args.ignore_eos, progress=not args.quiet)
@@ -38,6 +38,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def template_kwargs_arg(text: str | None) -> dict | None:
+    """``--chat-template-kwargs JSON`` -> dict (None when not given)."""
+    import json
+
+    from draftsmith.eval import EvalError
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        value, why = None, str(e)
+    else:
+        why = "not a JSON object"
+    if not isinstance(value, dict):
+        raise EvalError(f"--chat-template-kwargs {text!r}: {why}; pass a JSON object, e.g. '{{\"enable_thinking\": false}}'")
+    return value
+
+
 def cmd_bench_server(args: argparse.Namespace) -> int:
     from draftsmith.eval.online import HttpClient, bench_server
     from draftsmith.eval.prompts import describe_prompts, load_prompts, render_prompt
@@ -45,7 +64,7 @@ def cmd_bench_server(args: argparse.Namespace) -> int:
 
     prompts = load_prompts(args.prompts, multi_turn=args.multi_turn, limit=args.limit)
     print(describe_prompts(prompts, args.prompts), flush=True)
-    render = None
+    render, kwargs = None, template_kwargs_arg(args.chat_template_kwargs)
     if args.api == "completions":
         from draftsmith.eval import EvalError
 
@@ -57,11 +76,13 @@ def cmd_bench_server(args: argparse.Namespace) -> int:
         from draftsmith.models import resolve_target
 
         tok = AutoTokenizer.from_pretrained(resolve_target(args.tokenizer), local_files_only=True)
-        render = lambda messages: render_prompt(tok, messages)  # noqa: E731
+        render = lambda messages: render_prompt(tok, messages, kwargs)  # noqa: E731
     client = HttpClient(retries=args.retries, backoff_s=args.backoff, timeout_s=args.timeout)
     report = bench_server(args.url, prompts, baseline_url=args.baseline_url, concurrency=args.concurrency,
                           max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
-                          model=args.model, api=args.api, render=render, k=args.k, client=client)
+                          model=args.model, api=args.api, render=render, k=args.k, client=client,
+                          # chat: the server renders, so it gets the kwargs (top level, as vLLM/SGLang read them)
+                          extra={"chat_template_kwargs": kwargs} if kwargs and args.api == "chat" else None)
     print(format_table(report))
     paths = write_report(report, args.out, plot=not args.no_plot)
     print("report: " + "  ".join(str(p) for p in paths.values()))
@@ -78,6 +99,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--ignore-eos", action="store_true", help="always generate the full token budget")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot of per-position acceptance")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="kwargs for the target's chat template, e.g. '{\"enable_thinking\": false}' (eval default: "
+                        "the ones the draft was trained with, from its checkpoint)")
 
 
 def register(subparsers) -> None:

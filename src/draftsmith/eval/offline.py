@@ -292,13 +292,16 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
     return family, model, layer_ids, d
 
 
+def draft_meta(draft_dir: Path) -> dict:
+    """The checkpoint's meta.json (walking up from the draft dir), or {} (a vLLM export, a bare dir)."""
+    from draftsmith.train.checkpoint import find_meta
+
+    return find_meta(draft_dir)
+
+
 def target_from_draft(draft_dir: Path) -> Optional[str]:
     """The target recorded in the checkpoint's meta.json (walking up from the draft dir), if any."""
-    for parent in [draft_dir, *draft_dir.parents][:4]:
-        meta = parent / "meta.json"
-        if meta.is_file():
-            return json.loads(meta.read_text()).get("target")
-    return None
+    return draft_meta(draft_dir).get("target")
 
 
 def eos_ids_of(tokenizer: Any, model: Any = None) -> list[int]:
@@ -313,18 +316,20 @@ def eos_ids_of(tokenizer: Any, model: Any = None) -> list[int]:
 # ---------------------------------------------------------------------------------- evaluation
 def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: int, max_new_tokens: int,
              temperature: float = 0.0, plain: bool = True, seed: int = 0, eos_ids: Sequence[int] = (),
-             log: Optional[Callable[[str], None]] = None) -> list[dict]:
-    """Speculative (and plain, side by side) generation for every prompt turn -> one record per turn."""
+             log: Optional[Callable[[str], None]] = None, template_kwargs: Optional[dict] = None) -> list[dict]:
+    """Speculative (and plain, side by side) generation for every prompt turn -> one record per turn.
+    Prompts are rendered with ``template_kwargs`` (those the draft's data was made with)."""
     records = []
     if prompts:  # warm-up (allocator, first-call overheads) so the first timed prompt is not penalised
-        ids = render_prompt(tokenizer, prompts[0].context + [{"role": "user", "content": prompts[0].turns[0]}])
+        ids = render_prompt(tokenizer, prompts[0].context + [{"role": "user", "content": prompts[0].turns[0]}],
+                            template_kwargs)
         generate_speculative(target, proposer, ids, k=k, max_new_tokens=2, temperature=0.0)
         generate_plain(target, ids, max_new_tokens=2)
     for n, p in enumerate(prompts):
         messages = list(p.context)
         for turn, question in enumerate(p.turns):
             messages.append({"role": "user", "content": question})
-            ids = render_prompt(tokenizer, messages)
+            ids = render_prompt(tokenizer, messages, template_kwargs)
             g = torch.Generator().manual_seed(seed + 1000 * n + turn)
             base = generate_plain(target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                   eos_ids=eos_ids, generator=g) if plain else None
@@ -349,9 +354,10 @@ def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: i
 def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int] = None, temperature: float = 0.0,
              max_new_tokens: int = 128, multi_turn: bool = False, limit: Optional[int] = None,
              dtype: str = "float32", plain: bool = True, seed: int = 0, ignore_eos: bool = False,
-             progress: bool = True) -> dict:
+             progress: bool = True, chat_template_kwargs: Optional[dict] = None) -> dict:
     """Open the hf target, load the draft and prompts, evaluate; return the report dict (report.py).
-    ``k`` None: the proposer's ``default_k`` (3 for EAGLE-3, num_depths for P-EAGLE)."""
+    ``k`` None: the proposer's ``default_k`` (3 for EAGLE-3, num_depths for P-EAGLE).
+    ``chat_template_kwargs`` None: the ones the draft was trained with (its meta.json)."""
     from draftsmith.targets.hf import HFEngine
 
     if (k is not None and k < 1) or max_new_tokens < 1 or temperature < 0:
@@ -362,6 +368,8 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
     if progress:  # stdout: stderr stays for progress lines and the one-line errors
         print(describe_prompts(items, prompts), flush=True)
     target = target or target_from_draft(draft_dir)
+    if chat_template_kwargs is None:
+        chat_template_kwargs = draft_meta(draft_dir).get("chat_template_kwargs") or {}
     if not target:
         raise EvalError(f"--target is required: {draft_dir} records no target in a meta.json")
     torch.manual_seed(seed)
@@ -380,12 +388,14 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
         log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else None
         records = evaluate(HFTarget(model, aux_ids), proposer, engine.tokenizer, items, k=k,
                            max_new_tokens=max_new_tokens, temperature=temperature, plain=plain, seed=seed,
-                           eos_ids=() if ignore_eos else eos_ids_of(engine.tokenizer, model), log=log)
+                           eos_ids=() if ignore_eos else eos_ids_of(engine.tokenizer, model), log=log,
+                           template_kwargs=chat_template_kwargs)
     finally:
         engine.close()
     config = {"target": str(target), "draft": str(draft_dir), "prompts": str(prompts), "k": k,
               "temperature": temperature, "max_new_tokens": max_new_tokens, "multi_turn": multi_turn,
               "dtype": dtype, "seed": seed, "ignore_eos": ignore_eos, "aux_layer_ids": aux_ids,
+              "chat_template_kwargs": chat_template_kwargs,
               "wall_s": time.perf_counter() - t0}
     return build_report(records, k=k, mode="offline", config=config)
 

@@ -134,14 +134,15 @@ def describe_prompts(prompts: list[EvalPrompt], source: str | Path) -> str:
     return f"prompts: {len(prompts)} from {source} ({cats}; {turns} turns asked)"
 
 
-def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict], template_kwargs: Optional[dict] = None) -> list[int]:
     """Messages -> token ids with the tokenizer's chat template and the assistant generation prompt.
 
     The template writes any BOS itself, so the text is encoded without extra special tokens (what
-    vLLM's chat endpoint does too).
+    vLLM's chat endpoint does too). ``template_kwargs`` are the ones the draft's data was rendered
+    with (its checkpoint's meta.json), e.g. ``{"enable_thinking": False}``.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
                         "use a chat model as the target (or a tokenizer that ships a template)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {}))
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -237,8 +237,13 @@ class VllmPlan:
 def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Optional[int] = None,
               dflash_causal: bool = False, dry_run: bool = False, export_dir: Optional[Path] = None,
               host: str = "127.0.0.1", port: int = 8000, dtype: Optional[str] = None,
-              max_model_len: Optional[int] = None, extra: Sequence[str] = ()) -> VllmPlan:
-    """Resolve-time checks first (so bad input fails before anything is written), then prepare."""
+              max_model_len: Optional[int] = None, extra: Sequence[str] = (),
+              chat_template_kwargs: Optional[dict] = None) -> VllmPlan:
+    """Resolve-time checks first (so bad input fails before anything is written), then prepare.
+
+    ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
+    meta.json), served as vLLM's ``--default-chat-template-kwargs`` so chat requests are rendered as
+    the draft was trained (a thinking-mode mismatch alone can halve acceptance)."""
     reject_domino(draft.config)
     if draft.is_hub and k is None:
         raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
@@ -249,8 +254,16 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
+    notes = [prepared.describe(dry_run)]
+    if chat_template_kwargs is None and draft.dir is not None:
+        from draftsmith.train.checkpoint import find_meta
+
+        chat_template_kwargs = find_meta(draft.dir).get("chat_template_kwargs")
+    if chat_template_kwargs and "--default-chat-template-kwargs" not in extra:
+        extra = [*extra, "--default-chat-template-kwargs", json.dumps(chat_template_kwargs)]
+        notes.append(f"chat template kwargs {json.dumps(chat_template_kwargs)} (what the draft was trained with)")
     argv = vllm_argv(target, spec, host=host, port=port, dtype=dtype, max_model_len=max_model_len, extra=extra)
-    return VllmPlan(prepared, spec, argv, [prepared.describe(dry_run)])
+    return VllmPlan(prepared, spec, argv, notes)
 
 
 __all__ = ["vllm_config", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",

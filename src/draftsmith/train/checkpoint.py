@@ -110,6 +110,20 @@ def save_checkpoint(
     return final
 
 
+def find_meta(path: Path) -> dict:
+    """The meta.json of the checkpoint holding ``path`` (a checkpoint dir or a dir up to 3 levels inside
+    it, e.g. model/consolidated), or {} when there is none (a vLLM export, a bare draft dir)."""
+    path = Path(path)
+    for parent in [path, *path.parents][:4]:
+        meta = parent / "meta.json"
+        if meta.is_file():
+            try:
+                return json.loads(meta.read_text())
+            except (ValueError, UnicodeDecodeError):
+                raise CheckpointError(f"{meta}: not valid JSON; the checkpoint is damaged, use another") from None
+    return {}
+
+
 def latest_checkpoint(root: Path) -> Optional[Path]:
     """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
     link = Path(root) / "LATEST"

@@ -102,6 +102,21 @@ def reachable_step(step: int, total_steps: int, max_time_s: float, elapsed: floa
     return min(total_steps, step + max(0, int((max_time_s - elapsed) * done / elapsed)))
 
 
+def resolve_template_kwargs(cfg: RunConfig) -> dict:
+    """The chat-template kwargs to render with: ``data.chat_template_kwargs``, else those the
+    ``draftsmith regenerate`` sources were made with (serving must use the same, so they are saved
+    in the checkpoint's meta.json). A config that contradicts its regenerated data is refused."""
+    from draftsmith.data.regenerate import template_kwargs_of
+
+    made_with = template_kwargs_of(cfg.data.sources)
+    asked = cfg.data.chat_template_kwargs
+    if asked is not None and made_with is not None and asked != made_with:
+        raise ConfigError([f"'data.chat_template_kwargs' = {json.dumps(asked)} but data.sources were regenerated with "
+                           f"{json.dumps(made_with)}; drop the key (the data's kwargs are used) or regenerate the data "
+                           "with the kwargs you will serve with"])
+    return dict(asked if asked is not None else made_with or {})
+
+
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
@@ -161,9 +176,11 @@ class Trainer:
     def _load_data(self) -> None:
         """Conversations -> rendered examples -> train / held-out split."""
         cfg = self.cfg
+        self.template_kwargs = resolve_template_kwargs(cfg)
         convs, self.data_report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
         examples, self.dropped = build_examples(
-            convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template
+            convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
+            template_kwargs=self.template_kwargs,
         )
         eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
         self.train_set, self.eval_set = split_holdout(
@@ -434,6 +451,7 @@ class Trainer:
             "vocab_fingerprint": self.vocab.fingerprint,
             "vocab_coverage": self.vocab.coverage,
             "draft_type": self.cfg.draft.type,
+            "chat_template_kwargs": self.template_kwargs,  # eval and serve render prompts with these
         }
         # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
         name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
