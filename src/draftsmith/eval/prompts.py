@@ -138,14 +138,20 @@ def describe_prompts(prompts: list[EvalPrompt], source: str | Path) -> str:
     return f"prompts: {len(prompts)} from {source} ({cats}; {turns} turns asked)"
 
 
-def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict], chat_template_kwargs: Optional[dict] = None) -> list[int]:
     """Messages -> token ids with the tokenizer's chat template and the assistant generation prompt.
 
     The template writes any BOS itself, so the text is encoded without extra special tokens (what
-    vLLM's chat endpoint does too).
+    vLLM's chat endpoint does too). ``chat_template_kwargs`` go to ``apply_chat_template`` as is
+    (e.g. ``{"enable_thinking": False}`` for templates that read it), as vLLM's request field does.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
                         "use a chat model as the target (or a tokenizer that ships a template)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    clash = sorted(set(chat_template_kwargs or {}) & {"conversation", "tokenize", "add_generation_prompt"})
+    if clash:  # these are how the prompt is rendered here, not template variables
+        raise DataError(f"chat_template_kwargs: {', '.join(clash)} cannot be overridden; pass only template "
+                        "variables (e.g. {\"enable_thinking\": false})")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(chat_template_kwargs or {}))
     return list(tokenizer.encode(text, add_special_tokens=False))
