@@ -6,7 +6,7 @@ Same target (SmolLM2-135M-Instruct), same draft (the demo's checkpoints/LATEST f
 its vLLM copy for the server), same token ids (rendered once with the target's chat template and sent
 to /v1/completions), same K, greedy, fp32, ignore_eos so both generate exactly --max-new-tokens.
 Prompts: the first turn of --per-category MT-Bench questions per category from
-the shipped MT-Bench set, or --prompts SET|FILE (gsm8k, humaneval, a file).
+the shipped MT-Bench set, or --prompts SET|FILE (gsm8k, humaneval, mixed, a file).
 vLLM's tau comes from its /metrics counter diffs (1 + accepted/drafts), the evaluator's from its
 own verification rounds. Prints both, their relative difference (goal: within 5%), per-position
 rates and how many generations are token-identical; writes runs/bench/eval_fidelity.json.
@@ -78,7 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", default=str(ROOT / "runs" / "demo"), help="run dir (checkpoints/LATEST, vllm_draft)")
     ap.add_argument("--target", default="smollm2")
-    ap.add_argument("--prompts", default=None, help="shipped set (mt_bench, gsm8k, humaneval) or prompt file (default: mt_bench, --per-category per category)")
+    ap.add_argument("--prompts", default=None, help="shipped set (mt_bench, gsm8k, humaneval, mixed) or prompt file (default: mt_bench, --per-category per category)")
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("-k", type=int, default=3)

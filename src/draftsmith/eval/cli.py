@@ -91,7 +91,7 @@ def cmd_bench_server(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, metavar="SET|FILE",
-                   help="a shipped set (mt_bench, gsm8k, humaneval) or a JSONL of {id, category, turns} (first "
+                   help="a shipped set (mt_bench, gsm8k, humaneval, mixed) or a JSONL of {id, category, turns} (first "
                         "turn unless --multi-turn) or OpenAI/ShareGPT conversations (the last user turn, earlier "
                         "turns as context)")
     p.add_argument("--multi-turn", action="store_true", help="ask every turn, each after the answer to the previous")

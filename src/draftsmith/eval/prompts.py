@@ -10,9 +10,12 @@ Accepted rows (``.jsonl``, one per line, or ``.json`` holding a list of rows):
 
 ``id`` defaults to ``<file stem>-<row index>``, ``category`` to ``"default"``.
 
-Three sets ship inside the package (``prompt_sets/``, licenses beside them), named by
+Four sets ship inside the package (``prompt_sets/``, licenses beside them), named by
 :data:`PROMPT_SETS`: ``mt_bench`` (80 MT-Bench questions, 8 categories, two turns each),
-``gsm8k`` (the first 200 GSM8K test problems) and ``humaneval`` (164 HumanEval functions).
+``gsm8k`` (the first 200 GSM8K test problems), ``humaneval`` (164 HumanEval functions) and
+``mixed`` (60 held-out rows derived only from those three by bench/make_mixed_prompts.py: chat,
+math, coding, reasoning, stem, extraction, and long prompts of ~1,000-1,650 SmolLM2 tokens built by
+concatenation; rows interleaved so the first N are already a mix).
 Wherever a prompt file is taken (``--prompts``), one of these names works too.
 """
 
@@ -29,12 +32,13 @@ from draftsmith.data.sources import read_utf8
 __all__ = ["EvalPrompt", "PROMPT_SETS", "describe_prompts", "load_prompts", "parse_prompt_row", "prompt_set_path", "render_prompt"]
 
 # Short name -> file under prompt_sets/ (shipped as package data, so no checkout of ../shared is needed).
-PROMPT_SETS = {"mt_bench": "mt_bench.jsonl", "gsm8k": "gsm8k_test_200.jsonl", "humaneval": "humaneval.jsonl"}
+PROMPT_SETS = {"mt_bench": "mt_bench.jsonl", "gsm8k": "gsm8k_test_200.jsonl", "humaneval": "humaneval.jsonl",
+               "mixed": "mixed.jsonl"}
 PROMPT_SET_DIR = Path(__file__).resolve().parent / "prompt_sets"
 
 
 def prompt_set_path(name_or_path: str | Path) -> Path:
-    """A shipped set's short name (``mt_bench``, ``gsm8k``, ``humaneval``) -> its file; anything else is a path.
+    """A shipped set's short name (``mt_bench``, ``gsm8k``, ``humaneval``, ``mixed``) -> its file; anything else is a path.
 
     A name that is neither a shipped set nor an existing file is refused with the names that work.
     """
@@ -134,15 +138,20 @@ def describe_prompts(prompts: list[EvalPrompt], source: str | Path) -> str:
     return f"prompts: {len(prompts)} from {source} ({cats}; {turns} turns asked)"
 
 
-def render_prompt(tokenizer: Any, messages: list[dict], template_kwargs: Optional[dict] = None) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict], chat_template_kwargs: Optional[dict] = None) -> list[int]:
     """Messages -> token ids with the tokenizer's chat template and the assistant generation prompt.
 
     The template writes any BOS itself, so the text is encoded without extra special tokens (what
-    vLLM's chat endpoint does too). ``template_kwargs`` are the ones the draft's data was rendered
-    with (its checkpoint's meta.json), e.g. ``{"enable_thinking": False}``.
+    vLLM's chat endpoint does too). ``chat_template_kwargs`` go to ``apply_chat_template`` as is
+    (e.g. ``{"enable_thinking": False}`` for templates that read it), as vLLM's request field does.
     """
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
                         "use a chat model as the target (or a tokenizer that ships a template)")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {}))
+    clash = sorted(set(chat_template_kwargs or {}) & {"conversation", "tokenize", "add_generation_prompt"})
+    if clash:  # these are how the prompt is rendered here, not template variables
+        raise DataError(f"chat_template_kwargs: {', '.join(clash)} cannot be overridden; pass only template "
+                        "variables (e.g. {\"enable_thinking\": false})")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(chat_template_kwargs or {}))
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,88 @@
+"""draftsmith.eval.speedup without a server: configurations, best K per kind, the one-line summary,
+prompt rendering, and the refusals that must come before any (slow) server start."""
+
+import pytest
+
+from draftsmith.data.formats import DataError
+from draftsmith.eval import EvalError
+from draftsmith.eval.prompts import EvalPrompt, render_prompt
+from draftsmith.eval.speedup import (best_by_kind, configurations, describe_prompt_set, measure, one_line,
+                                     outputs_identical, render_prompts)
+from fixtures import make_tokenizer
+
+
+def result(label, k, tps, tau=1.0, kind=None):
+    kind = kind or ("none" if label == "none" else "ngram" if label == "ngram" else "draft")
+    return {"name": "none" if kind == "none" else f"{label} K={k}", "kind": kind, "label": label, "k": k,
+            "tokens_per_s": tps, "tau": tau, "outputs": [[1, 2]]}
+
+
+RESULTS = [result("none", 0, 22.1), result("ngram", 1, 24.0, 1.5), result("eagle3", 1, 24.0, 1.29),
+           result("ngram", 3, 26.4, 2.31), result("eagle3", 3, 23.0, 2.0), result("ngram", 5, 25.0, 2.5)]
+
+
+def test_configurations_baseline_first_then_per_k_ngram_and_each_draft():
+    names = [c["name"] for c in configurations(["eagle3", "peagle"], [1, 3])]
+    assert names == ["none", "ngram K=1", "eagle3 K=1", "peagle K=1", "ngram K=3", "eagle3 K=3", "peagle K=3"]
+    assert [c["name"] for c in configurations(["d"], [2], ngram=False)] == ["none", "d K=2"]
+
+
+@pytest.mark.parametrize("labels, ks, msg", [
+    (["d"], [], r"ks: \[\] must be one or more integers >= 1"),
+    (["d"], [0, 3], r"ks: \[0, 3\] must be"),
+    (["ngram"], [1], "label 'ngram' is reserved for a baseline; name the draft otherwise"),
+])
+def test_configurations_refuse_bad_input_in_one_line(labels, ks, msg):
+    with pytest.raises(EvalError, match=msg):
+        configurations(labels, ks)
+
+
+def test_best_by_kind_keeps_the_fastest_k_per_label():
+    best = best_by_kind(RESULTS)
+    assert list(best) == ["none", "ngram", "eagle3"]
+    assert (best["ngram"]["k"], best["eagle3"]["k"], best["none"]["k"]) == (3, 1, 0)
+
+
+def test_one_line_reads_as_a_sentence():
+    line = one_line(RESULTS, prompts=describe_prompt_set("mt_bench", 6))
+    assert line == ("real speed on 6 held-out MT-Bench prompts (vLLM, batch 1): no speculation 22.1 tok/s | "
+                    "ngram K=3 26.4 tok/s (1.19x, tau 2.31) | eagle3 K=1 24.0 tok/s (1.09x, tau 1.29)")
+    # an explicit baseline (e.g. measured earlier) replaces the "none" result
+    other = one_line(RESULTS[1:2], baseline=result("none", 0, 12.0), prompts="3 prompts from p.jsonl")
+    assert other.endswith("no speculation 12.0 tok/s | ngram K=1 24.0 tok/s (2.00x, tau 1.50)")
+    with pytest.raises(EvalError, match="no baseline without speculation among the results"):
+        one_line(RESULTS[1:])
+
+
+def test_describe_prompt_set_names_shipped_sets_and_files():
+    assert describe_prompt_set("mixed", 9) == "9 held-out mixed (chat, math, code, long) prompts"
+    assert describe_prompt_set("my/p.jsonl", 2) == "2 prompts from my/p.jsonl"
+
+
+def test_outputs_identical():
+    assert outputs_identical(RESULTS)
+    assert not outputs_identical(RESULTS + [{**RESULTS[0], "outputs": [[1, 3]]}])
+
+
+def test_render_prompts_use_the_chat_template_and_pass_template_kwargs():
+    tok = make_tokenizer("chatml")
+    p = EvalPrompt("a", "c", ["Hello there", "ignored second turn"], context=[{"role": "system", "content": "Be brief."}])
+    ids = render_prompts(tok, [p, "Hi"])
+    assert ids[0] == render_prompt(tok, [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": "Hello there"}])
+    assert ids[1] == render_prompt(tok, [{"role": "user", "content": "Hi"}])
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!!{% endif %}"
+    assert tok.decode(render_prompts(tok, ["ab"], {"shout": True})[0]) == "ab!!"
+    assert tok.decode(render_prompts(tok, ["ab"])[0]) == "ab"
+    with pytest.raises(EvalError, match="chat_template_kwargs: expected a JSON object, got list"):
+        render_prompts(tok, ["ab"], ["shout"])
+    with pytest.raises(DataError, match="chat_template_kwargs: tokenize cannot be overridden"):
+        render_prompts(tok, ["ab"], {"tokenize": True})
+
+
+def test_measure_refuses_prompts_that_overflow_the_context_before_starting_a_server(tmp_path):
+    with pytest.raises(EvalError, match=r"prompts\[1\]: 2000 tokens \+ max_tokens 128 > max_model_len 2048"):
+        measure("unused-target", {}, [3], [[1] * 10, [1] * 2000], 128, log_dir=tmp_path)
+    with pytest.raises(EvalError, match="prompts: empty"):
+        measure("unused-target", {}, [3], [], 128, log_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing started, no log written
