@@ -25,6 +25,8 @@ def test_configurations_baseline_first_then_per_k_ngram_and_each_draft():
     names = [c["name"] for c in configurations(["eagle3", "peagle"], [1, 3])]
     assert names == ["none", "ngram K=1", "eagle3 K=1", "peagle K=1", "ngram K=3", "eagle3 K=3", "peagle K=3"]
     assert [c["name"] for c in configurations(["d"], [2], ngram=False)] == ["none", "d K=2"]
+    # the demo's check: ngram at its own K, the draft at others, in K order
+    assert [c["name"] for c in configurations(["d"], [1, 2], ngram_ks=[3])] == ["none", "d K=1", "d K=2", "ngram K=3"]
 
 
 @pytest.mark.parametrize("labels, ks, msg", [

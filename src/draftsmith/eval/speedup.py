@@ -59,8 +59,10 @@ def describe_prompt_set(prompt_set: str | os.PathLike, n: int) -> str:
     return f"{n} prompts from {key}"
 
 
-def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: bool = True) -> list[dict]:
+def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: bool = True,
+                   ngram_ks: Optional[Sequence[int]] = None) -> list[dict]:
     """What :func:`measure` runs, in order: no speculation, then per K ngram and each draft.
+    ``ngram_ks`` (default ``ks``) are the K ngram runs at, when it should differ from the drafts'.
 
     Each entry: ``{"name", "kind": "none"|"ngram"|"draft", "label", "k"}``; ``label`` is "none",
     "ngram" or the draft's label (what :func:`best_by_kind` groups by).
@@ -73,10 +75,12 @@ def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: boo
         raise EvalError(f"drafts: label {taken[0]!r} is reserved for a baseline; name the draft otherwise "
                         "(e.g. eagle3=PATH)")
     out = [{"name": "none", "kind": "none", "label": "none", "k": 0}]
-    for k in ks:
-        if ngram:
+    ngram_ks = list(ks) if ngram_ks is None else list(ngram_ks)
+    for k in sorted(set(ks) | set(ngram_ks if ngram else [])):
+        if ngram and k in ngram_ks:
             out.append({"name": f"ngram K={k}", "kind": "ngram", "label": "ngram", "k": k})
-        out += [{"name": f"{lb} K={k}", "kind": "draft", "label": lb, "k": k} for lb in draft_labels]
+        if k in ks:
+            out += [{"name": f"{lb} K={k}", "kind": "draft", "label": lb, "k": k} for lb in draft_labels]
     return out
 
 
@@ -137,7 +141,7 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
             *, dtype: str = "float32", ngram: bool = True, log_dir: str | os.PathLike = ".", preload: str = "",
             progress: Optional[Callable[[dict], None]] = None, max_model_len: int = 2048,
             extra: Sequence[str] = ("--enforce-eager", "--seed", "0"), env: Optional[dict] = None,
-            ready_s: float = 600.0) -> list[dict]:
+            ready_s: float = 600.0, ngram_ks: Optional[Sequence[int]] = None) -> list[dict]:
     """Serve ``target`` once per configuration (:func:`configurations`) and time the same prompts on each.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`),
@@ -156,7 +160,7 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
         i, n = too_long[0]
         raise EvalError(f"prompts[{i}]: {n} tokens + max_tokens {max_tokens} > max_model_len {max_model_len}; "
                         "use shorter prompts, a smaller max_tokens or a larger max_model_len")
-    configs = configurations(list(drafts), list(ks), ngram=ngram)
+    configs = configurations(list(drafts), list(ks), ngram=ngram, ngram_ks=ngram_ks)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     common = dict(dtype=dtype, max_model_len=max_model_len, extra=list(extra))
