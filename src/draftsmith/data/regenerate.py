@@ -212,7 +212,9 @@ class VLLMGenerator(_Rendered):
                                  seed=seed, skip_special_tokens=True) for seed in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=self.prompt_ids(c)) for c in conversations], params,
                                  use_tqdm=False)
-        return [(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]
+        # Decode the ids ourselves, as the hf engine does: vLLM's incremental detokenizer holds back a
+        # trailing incomplete UTF-8 sequence, which would make the two engines' texts differ.
+        return [(self.decode(o.outputs[0].token_ids), len(o.outputs[0].token_ids)) for o in outs]
 
     def close(self) -> None:
         self.llm = None
@@ -384,7 +386,13 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         try:
             for index in todo:
                 rows = plan[index * s.shard_size:(index + 1) * s.shard_size]
-                lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s)
+
+                def on_round(r: int, answered: int, tokens: int, done=new_tokens) -> None:
+                    # a shard's rounds can take minutes: show tokens/s as each one lands
+                    bar.set_postfix(shard=index, round=r, answered=answered,
+                                    tok_s=f"{(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
+
+                lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round)
                 _write_atomic(out / shard_name(index), "".join(lines))
                 new_tokens += tokens
                 bar.update(len(rows))
@@ -409,7 +417,8 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
 
 
 def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dict]]]], first: int,
-                      s: RegenSettings) -> tuple[list[str], int]:
+                      s: RegenSettings, on_round: Optional[Callable[[int, int, int], None]] = None
+                      ) -> tuple[list[str], int]:
     """Answer every turn of ``rows`` in rounds (round r answers turn r of every row that has one), so
     an engine with many requests in flight sees a whole round at once. Returns (JSONL lines, tokens)."""
     convs = [list(head) for head, _ in rows]
@@ -431,6 +440,8 @@ def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dic
         for i, (text, n) in zip(idx, answers):
             convs[i].append({"role": "assistant", "content": text})
             tokens += n
+        if on_round is not None:
+            on_round(r, len(idx), tokens)
     lines = []
     for i, conv in enumerate(convs):
         if any(m["role"] == "assistant" for m in conv):
