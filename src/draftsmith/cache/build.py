@@ -25,12 +25,16 @@ BUILD_ENGINES = ("hf", "vllm", "sglang")  # engines that run the target in this 
 
 
 def settings(manifest: dict) -> dict:
-    """The manifest fields a resumed build must share with the first run, by user-facing name."""
+    """The manifest fields a resumed build must share with the first run, by user-facing name.
+
+    Specific settings come before the data fingerprint, so a changed max_length is reported as that
+    (it changes the fingerprint too) rather than as an opaque hash."""
     t, d = manifest["target"], manifest["data"]
     return {"target.path": t["path"], "target config.json sha256": t["config_sha256"], "target.dtype": t["dtype"],
             "engine": manifest["engine"], "aux layer ids": manifest["aux_layer_ids"],
-            "data fingerprint (data.sources/max_rows/seed)": d["fingerprint"], "data.max_length": d["max_length"],
-            "data.chat_template sha256": d["chat_template_sha256"], "--shard-rows": manifest["shard_rows"]}
+            "data.max_length": d["max_length"], "data.chat_template sha256": d["chat_template_sha256"],
+            "--shard-rows": manifest["shard_rows"],
+            "data fingerprint (data.sources/max_rows/train.seed)": d["fingerprint"]}
 
 
 def _check_resume(old: dict, new: dict, out: Path) -> None:

@@ -10,7 +10,7 @@ concatenates its R rows along tokens (N = sum of T):
     last       (N, H)     dtype   layer id L, the last layer's output BEFORE the final norm
     offsets    (R + 1,)   int64   row r is tokens offsets[r]:offsets[r + 1]
 
-and its metadata ``keys`` lists each row's key, the sha1 of its int32 token bytes, so a reader serves
+and its metadata entry ``draftsmith`` (JSON) lists each row's key, the sha1 of its int32 token bytes, so a reader serves
 any batch of cached rows in any order, epoch or batch size. Full-vocab logits are never stored: the
 engine rebuilds them from ``last`` with the target's final norm and lm_head (H values a token, not V).
 
@@ -121,7 +121,9 @@ def encode_shard(rows: Sequence[dict[str, Tensor]]) -> tuple[bytes, list[str], i
         "last": torch.cat([r["last"] for r in rows]).contiguous(),
         "offsets": offsets,
     }
-    meta = {"format": FORMAT, "version": str(VERSION), "keys": json.dumps(keys)}
+    # One metadata entry: safetensors writes its metadata map in hash order, which varies between
+    # processes, so several entries would make a resumed build's bytes differ from a single run's.
+    meta = {"draftsmith": json.dumps({"format": FORMAT, "version": VERSION, "keys": keys})}
     return save(tensors, metadata=meta), keys, int(offsets[-1])
 
 
@@ -145,7 +147,7 @@ class CacheReader:
                 raise CacheError(f"{self.dir / MANIFEST} lists {entry['file']} but it is missing; rerun "
                                  f"`draftsmith cache` with the same --out to rebuild it")
             f = safe_open(str(path), framework="pt")  # kept open: slices read lazily from the mapping
-            keys = json.loads(f.metadata()["keys"])
+            keys = json.loads(f.metadata()["draftsmith"])["keys"]
             offsets = f.get_tensor("offsets").tolist()
             for r, key in enumerate(keys):
                 self.index.setdefault(key, (s, offsets[r], offsets[r + 1]))
