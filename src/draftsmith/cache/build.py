@@ -76,7 +76,9 @@ def _valid_prefix(out: Path, shards: list[dict]) -> list[dict]:
 
 def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *, batch_size: Optional[int] = None,
                 shard_rows: int = 256, progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Build (or resume) the feature cache of ``cfg`` under ``out_dir``; returns the final manifest.
+    """Build (or resume) the feature cache of ``cfg`` under ``out_dir``; returns the final manifest
+    plus ``build``: {tokens, seconds} this call computed (not written to disk: the manifest stays
+    byte-identical across resumed and uninterrupted builds).
 
     ``engine``: an engine name (hf, vllm, sglang) or None for ``target.engine`` (hf when that is
     ``cache``). ``batch_size`` rows per forward (default ``train.batch_size``).
@@ -122,7 +124,7 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     n_shards = (len(rows) + shard_rows - 1) // shard_rows
     if done == n_shards and (out / store.MANIFEST).is_file() and store.read_manifest(out).get("complete"):
         log(f"cache: {out} is already complete ({len(rows)} rows); nothing to do")
-        return store.read_manifest(out)
+        return {**store.read_manifest(out), "build": {"tokens": 0, "seconds": 0.0}}
     if done:
         log(f"cache: resuming {out} after {done} of {n_shards} complete shard(s)")
     store.write_manifest(out, _totals(manifest))
@@ -161,7 +163,7 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     log(f"cache: {manifest['rows']} rows, {manifest['tokens']} tokens in {out} ({len(manifest['shards'])} shards); "
         f"built {new_tokens} tokens in {wall:.1f} s ({new_tokens / max(wall, 1e-9):.0f} tok/s); "
         f"{manifest['bytes_per_token']} bytes/token ({manifest['tokens'] * manifest['bytes_per_token'] / 2**20:.1f} MiB)")
-    return manifest
+    return {**manifest, "build": {"tokens": new_tokens, "seconds": wall}}  # "build": this run only, not on disk
 
 
 def _totals(manifest: dict) -> dict:
