@@ -39,6 +39,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from draftsmith.cache.build import build_cache
+    from draftsmith.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
+                progress=not args.no_progress)
+    print(f"train from it with: --set target.engine=cache --set target.cache_dir={args.out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from draftsmith.train.demo import run_demo
 
@@ -70,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the target runs (overrides target.engine)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
+
+    c = sub.add_parser("cache", help="run the target once over a config's data and store its features "
+                                     "(train many epochs from them with target.engine: cache)")
+    c.add_argument("config", help="YAML run config (the one you will train with)")
+    c.add_argument("--out", required=True, metavar="DIR", help="cache directory (rerun with the same DIR to resume)")
+    c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    c.add_argument("--engine", choices=["hf", "vllm", "sglang"], default=None,
+                   help="engine that runs the target (default target.engine; hf when that is cache)")
+    c.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default train.batch_size)")
+    c.add_argument("--shard-rows", type=int, default=256, help="rows per shard file (default 256)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_cache)
 
     d = sub.add_parser("demo", help="train an EAGLE-3 draft for the embedded SmolLM2 target on ShareGPT prompts")
     d.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for the whole demo (default 15)")

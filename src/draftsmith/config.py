@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 @dataclass
 class TargetConfig:
     path: str = "smollm2"  # HF checkpoint dir, or `smollm2` for the embedded default target
-    engine: str = "hf"  # hf | vllm | sglang, all behind the same engine contract
+    engine: str = "hf"  # hf | vllm | sglang | remote | cache, all behind the same engine contract
     dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
     engine_kwargs: Optional[dict] = None  # passed to the engine, e.g. {max_model_len: 2048, gpu_memory_utilization: 0.5}
@@ -43,6 +43,8 @@ class TargetConfig:
     remote_health_interval_s: float = 5.0  # how often a down server is re-checked
     remote_auth_token_file: Optional[str] = None  # bearer token file (same as serve-target's)
     remote_data_plane: str = "auto"  # auto | nccl | gloo | wire: how /features tensors travel (auto: nccl if both sides have CUDA)
+    # engine `cache`: features read from an offline feature cache (`draftsmith cache CONFIG --out DIR`)
+    cache_dir: Optional[str] = None  # the DIR `draftsmith cache` wrote; required when target.engine is cache
 
 
 @dataclass
@@ -119,7 +121,7 @@ class RunConfig:
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in fields(RunConfig)}  # type: ignore[misc]
 CHOICES: dict[str, tuple[str, ...]] = {
-    "target.engine": ("hf", "vllm", "sglang", "remote"),
+    "target.engine": ("hf", "vllm", "sglang", "remote", "cache"),
     "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
     "draft.type": tuple(FAMILIES),  # the draft families registered in drafts/__init__.py
@@ -248,6 +250,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
                  f"remove it or use vllm/sglang")
     if cfg.target.engine == "remote" and not cfg.target.remote_urls:
         p.append("'target.remote_urls' is empty but target.engine is 'remote'; list the serve-target URLs")
+    if cfg.target.engine == "cache" and not cfg.target.cache_dir:
+        p.append("'target.cache_dir' is empty but target.engine is 'cache'; build a cache with "
+                 "`draftsmith cache CONFIG --out DIR` and set target.cache_dir: DIR")
     if cfg.target.prefetch_depth < 0 or cfg.target.remote_retries < 0 or cfg.target.remote_timeout_s <= 0:
         p.append(f"'target.prefetch_depth' = {cfg.target.prefetch_depth}, 'target.remote_retries' = "
                  f"{cfg.target.remote_retries}, 'target.remote_timeout_s' = {cfg.target.remote_timeout_s}: "

@@ -12,8 +12,9 @@ def test_import_draftsmith_does_not_import_vllm_or_sglang():
         "import sys\n"
         "import draftsmith, draftsmith.train, draftsmith.train.loop, draftsmith.config\n"
         "import draftsmith.targets, draftsmith.targets.runner, draftsmith.targets.vllm, draftsmith.targets.sglang\n"
+        "import draftsmith.targets.cache, draftsmith.cache.build\n"
         "from draftsmith.targets import ENGINES\n"
-        "assert {'hf', 'vllm', 'sglang'} <= set(ENGINES)\n"
+        "assert {'hf', 'vllm', 'sglang', 'cache'} <= set(ENGINES)\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang'))\n"
         "print('HEAVY', bad)\n"
     )
@@ -21,3 +22,17 @@ def test_import_draftsmith_does_not_import_vllm_or_sglang():
                           env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "HEAVY []" in proc.stdout, proc.stdout
+
+
+def test_cache_store_imports_no_engine():
+    code = (
+        "import sys\n"
+        "import draftsmith.cache.store\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('draftsmith.targets.', 'transformers', 'vllm'))\n"
+        "           and m != 'draftsmith.targets.contract')\n"
+        "print('ENGINES', bad)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ENGINES []" in proc.stdout, proc.stdout

@@ -14,7 +14,9 @@ def cmd_serve_target(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """serve-target options (shared by the CLI and `python -m draftsmith.remote.server`)."""
     p.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"], help="how the target runs here")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang", "cache"],
+                   help="how the target runs here (cache: serve an offline feature cache, see --cache-dir)")
+    p.add_argument("--cache-dir", default=None, help="with --engine cache: the DIR `draftsmith cache` wrote")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto",
                    help="where the hf engine runs the target: auto (cuda when present, else cpu), cpu, cuda, "

@@ -136,6 +136,7 @@ ENGINES: dict[str, str] = {
     "vllm": "draftsmith.targets.vllm:VLLMEngine",
     "sglang": "draftsmith.targets.sglang:SGLangEngine",
     "remote": "draftsmith.remote.client:RemoteEngine",
+    "cache": "draftsmith.targets.cache:CacheEngine",  # an offline feature cache (draftsmith cache)
 }
 
 

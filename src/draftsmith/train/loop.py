@@ -117,6 +117,27 @@ def resolve_template_kwargs(cfg: RunConfig) -> dict:
     return dict(asked if asked is not None else made_with or {})
 
 
+def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
+    """The target layer ids the draft of ``cfg`` reads: target.aux_layer_ids or the family's default rule.
+
+    Shared with ``draftsmith cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
+    """
+    rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
+    return validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count), num_layers)
+
+
+def render_examples(cfg: RunConfig, tokenizer: Any) -> tuple[list[Example], Any, int]:
+    """Conversations of ``data.*`` rendered as the trainer sees them: ``(examples, data report, dropped)``.
+
+    One code path for training and ``draftsmith cache``, so cached rows are exactly the trainer's rows
+    (before the train / held-out split; both parts ask the engine).
+    """
+    convs, report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
+    examples, dropped = build_examples(convs, tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
+                                       template_kwargs=resolve_template_kwargs(cfg))
+    return examples, report, dropped
+
+
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
@@ -165,11 +186,10 @@ class Trainer:
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype,
                                   **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
-                                  **(remote_options(cfg) if cfg.target.engine == "remote" else {}))
+                                  **(remote_options(cfg) if cfg.target.engine == "remote" else {}),
+                                  **({"cache_dir": cfg.target.cache_dir} if cfg.target.engine == "cache" else {}))
         self.info = self.engine.info()
-        L = self.info.num_layers
-        rule, count = self.family.layer_rule(cfg.draft)
-        self.aux_ids = validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, L, count), L)
+        self.aux_ids = aux_layer_ids(cfg, self.info.num_layers)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
@@ -177,11 +197,7 @@ class Trainer:
         """Conversations -> rendered examples -> train / held-out split."""
         cfg = self.cfg
         self.template_kwargs = resolve_template_kwargs(cfg)
-        convs, self.data_report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
-        examples, self.dropped = build_examples(
-            convs, self.tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
-            template_kwargs=self.template_kwargs,
-        )
+        examples, self.data_report, self.dropped = render_examples(cfg, self.tokenizer)
         eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
         self.train_set, self.eval_set = split_holdout(
             examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed

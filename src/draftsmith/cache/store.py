@@ -1,0 +1,186 @@
+"""The on-disk format of an offline feature cache (no engine imports: torch + safetensors only).
+
+A cache directory holds ``manifest.json`` and safetensors shards ``shard-NNNNNN.safetensors``. One
+cached *row* is one rendered conversation (a data Example) trimmed to its real length T; a shard
+concatenates its R rows along tokens (N = sum of T):
+
+    input_ids  (N,)       int32   the row's tokens
+    loss_mask  (N,)       uint8   1 on assistant tokens
+    aux        (N, n, H)  dtype   residual streams at the cached aux layer ids (vLLM convention)
+    last       (N, H)     dtype   layer id L, the last layer's output BEFORE the final norm
+    offsets    (R + 1,)   int64   row r is tokens offsets[r]:offsets[r + 1]
+
+and its metadata entry ``draftsmith`` (JSON) lists each row's key, the sha1 of its int32 token bytes, so a reader serves
+any batch of cached rows in any order, epoch or batch size. Full-vocab logits are never stored: the
+engine rebuilds them from ``last`` with the target's final norm and lm_head (H values a token, not V).
+
+Every write is atomic (a temporary file, fsync, ``os.replace``), and the manifest lists a shard only
+after the shard is complete, so a killed build never leaves a half-written shard that counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from draftsmith.targets.contract import TargetError  # pure torch: the error type, no engine
+
+FORMAT = "draftsmith-feature-cache"
+VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CacheError(TargetError):
+    """An offline feature cache is missing, incomplete or built for other settings; names the fix.
+
+    A :class:`TargetError`, so the CLI prints it as one line (exit 2) and serve-target answers 400."""
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.safetensors"
+
+
+def row_key(input_ids: Sequence[int] | Tensor) -> str:
+    """sha1 of the row's tokens as little-endian int32 bytes (the same for a list or any int tensor)."""
+    t = input_ids if isinstance(input_ids, Tensor) else torch.tensor(list(input_ids))
+    return hashlib.sha1(t.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).hexdigest()
+
+
+def data_fingerprint(examples: Iterable[Any]) -> str:
+    """sha256 over every example's token ids and loss mask, in order (what the cache was built from)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(torch.tensor(ex.input_ids, dtype=torch.int32).numpy().astype("<i4").tobytes())
+        h.update(bytes(int(m) for m in ex.loss_mask))
+        h.update(b"|")  # row boundary: [1, 2][3] and [1][2, 3] must differ
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
+    """Stored bytes per token: int32 id + uint8 mask + (n aux + 1 last) x H values of ``dtype``."""
+    return 4 + 1 + (num_aux + 1) * hidden * DTYPES[dtype].itemsize
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through ``path.tmp`` + fsync + ``os.replace`` (never half-written)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(cache_dir: Path, manifest: dict) -> None:
+    write_atomic(Path(cache_dir) / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def read_manifest(cache_dir: Path) -> dict:
+    """The manifest of ``cache_dir``; a missing dir/manifest or a foreign format is a :class:`CacheError`."""
+    path = Path(cache_dir) / MANIFEST
+    if not path.is_file():
+        raise CacheError(f"target.cache_dir: {path} does not exist; build the cache first with "
+                         f"`draftsmith cache CONFIG --out {cache_dir}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CacheError(f"{path}: unreadable ({e.__class__.__name__}); rebuild it with `draftsmith cache` "
+                         f"into a new --out dir") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise CacheError(f"{path}: format {manifest.get('format')!r} v{manifest.get('version')!r}, expected "
+                         f"{FORMAT!r} v{VERSION}; rebuild it with this draftsmith's `draftsmith cache`")
+    return manifest
+
+
+def encode_shard(rows: Sequence[dict[str, Tensor]]) -> tuple[bytes, list[str], int]:
+    """Serialise rows ({input_ids (T,), loss_mask (T,), aux (T, n, H), last (T, H)}) as one shard.
+
+    Returns ``(safetensors bytes, row keys, tokens)``. Deterministic: the same rows give the same bytes.
+    """
+    from safetensors.torch import save
+
+    keys = [row_key(r["input_ids"]) for r in rows]
+    lengths = [int(r["input_ids"].shape[0]) for r in rows]
+    offsets = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+    tensors = {
+        "input_ids": torch.cat([r["input_ids"].to(torch.int32) for r in rows]),
+        "loss_mask": torch.cat([r["loss_mask"].to(torch.uint8) for r in rows]),
+        "aux": torch.cat([r["aux"] for r in rows]).contiguous(),
+        "last": torch.cat([r["last"] for r in rows]).contiguous(),
+        "offsets": offsets,
+    }
+    # One metadata entry: safetensors writes its metadata map in hash order, which varies between
+    # processes, so several entries would make a resumed build's bytes differ from a single run's.
+    meta = {"draftsmith": json.dumps({"format": FORMAT, "version": VERSION, "keys": keys})}
+    return save(tensors, metadata=meta), keys, int(offsets[-1])
+
+
+class CacheReader:
+    """Memory-mapped access to a cache's rows by key (safetensors ``safe_open`` + ``get_slice``).
+
+    Only the shards the manifest lists are read (a shard written after the last manifest update does
+    not count). ``row(key)`` returns {input_ids (T,) int32, loss_mask (T,) uint8, aux (T, n, H), last (T, H)}.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike):
+        from safetensors import safe_open
+
+        self.dir = Path(cache_dir)
+        self.manifest = read_manifest(self.dir)
+        self._files: list[Any] = []
+        self.index: dict[str, tuple[int, int, int]] = {}  # key -> (shard, start, end) token offsets
+        for s, entry in enumerate(self.manifest["shards"]):
+            path = self.dir / entry["file"]
+            if not path.is_file():
+                raise CacheError(f"{self.dir / MANIFEST} lists {entry['file']} but it is missing; rerun "
+                                 f"`draftsmith cache` with the same --out to rebuild it")
+            f = safe_open(str(path), framework="pt")  # kept open: slices read lazily from the mapping
+            keys = json.loads(f.metadata()["draftsmith"])["keys"]
+            offsets = f.get_tensor("offsets").tolist()
+            for r, key in enumerate(keys):
+                self.index.setdefault(key, (s, offsets[r], offsets[r + 1]))
+            self._files.append(f)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def row(self, key: str) -> dict[str, Tensor]:
+        s, a, b = self.index[key]
+        f = self._files[s]
+        return {name: f.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "last")}
+
+    def close(self) -> None:
+        self._files.clear()
+        self.index.clear()
+
+
+def target_fingerprint(path: str | os.PathLike, dtype: str) -> dict:
+    """What identifies the target a cache was built from: resolved path, config.json sha256, dtype."""
+    p = Path(path).resolve()
+    return {"path": str(p), "config_sha256": file_sha256(p / "config.json"), "dtype": dtype}
+
+
+def check_target(manifest: dict, fingerprint: dict, cache_dir: Path, key: str = "target") -> None:
+    """Refuse a cache built for another target or dtype, naming the field, both values and the fix."""
+    was = manifest.get("target", {})
+    for name in ("path", "config_sha256", "dtype"):
+        if was.get(name) != fingerprint[name]:
+            raise CacheError(
+                f"{Path(cache_dir) / MANIFEST}: built for {key}.{name} {was.get(name)!r}, this run has "
+                f"{fingerprint[name]!r}; train with the cache's target settings or build a cache for this one "
+                f"(`draftsmith cache CONFIG --out NEW_DIR`)")
