@@ -53,7 +53,34 @@ def cmd_cache(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from draftsmith.train.demo import run_demo
 
-    run_demo(minutes=args.minutes, output=args.output, max_rows=args.max_rows, progress=not args.no_progress)
+    run_demo(minutes=args.minutes, output=args.output, rows=args.rows, progress=not args.no_progress,
+             check=not args.no_check)
+    return 0
+
+
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    import importlib.util
+    import json
+
+    from draftsmith.data.regenerate import RegenError, RegenSettings, regenerate
+
+    engine = args.engine or ("url" if args.url else "vllm" if importlib.util.find_spec("vllm") else "hf")
+    try:
+        kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else {}
+    except ValueError as e:
+        raise RegenError(f"--chat-template-kwargs {args.chat_template_kwargs!r}: not JSON ({e}); "
+                         'e.g. \'{"enable_thinking": false}\'') from None
+    settings = RegenSettings(engine=engine, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                             top_p=args.top_p, seed=args.seed, chat_template_kwargs=kwargs, system=args.system,
+                             max_turns=args.max_turns, max_rows=args.max_rows, shard_size=args.shard_size,
+                             max_prompt_tokens=args.max_prompt_tokens)
+    r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
+                   concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress)
+    c = r.manifest["counts"]
+    print(f"regenerated {c['conversations']} conversations ({c['assistant_turns']} assistant turns) in {r.shards} "
+          f"shard(s), {r.shards_done_before} reused; {r.new_tokens} new tokens in {r.wall_s:.0f} s "
+          f"({r.new_tokens / max(r.wall_s, 1e-9):.0f} tok/s)")
+    print(f"output: {r.out} (use it as data.sources: [{r.out}])")
     return 0
 
 
@@ -94,12 +121,45 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_cache)
 
-    d = sub.add_parser("demo", help="train an EAGLE-3 draft for the embedded SmolLM2 target on ShareGPT prompts")
-    d.add_argument("--minutes", type=float, default=15.0, help="wall-clock budget for the whole demo (default 15)")
+    d = sub.add_parser("demo", help="train an EAGLE-3 draft for the embedded SmolLM2 target on its own answers to "
+                                    "ShareGPT prompts, from a feature cache, and check it on vLLM")
+    d.add_argument("--minutes", type=float, default=15.0,
+                   help="budget for training, eval and the vLLM check (default 15); the first run adds the one-time "
+                        "regeneration and feature cache (~5 min)")
     d.add_argument("--output", default="runs/demo", help="output directory (default runs/demo)")
-    d.add_argument("--max-rows", type=int, default=4000, help="ShareGPT conversations to sample (default 4000)")
+    d.add_argument("--rows", type=int, default=400, help="ShareGPT prompts the target answers (default 400)")
+    d.add_argument("--no-check", action="store_true", help="skip the real check on vLLM at the end")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("regenerate", help="replace every assistant turn of the data with the target's own answer",
+                       description="Answer every user turn with the target, turn by turn (turn n sees the "
+                                   "regenerated turns before it). Writes shard-NNNNNN.jsonl + manifest.json; "
+                                   "rerunning the same command resumes.")
+    r.add_argument("--target", default="smollm2", help="HF checkpoint dir or `smollm2` (default)")
+    r.add_argument("--data", nargs="+", required=True, metavar="SOURCE", help="data sources, as data.sources takes them")
+    r.add_argument("--out", required=True, help="output dir (rerun the same command to resume)")
+    r.add_argument("--engine", choices=["vllm", "hf", "url"], default=None,
+                   help="vllm (default where installed), hf (slow), url (an OpenAI-compatible server; implied by --url)")
+    r.add_argument("--url", default=None, help="base URL of a running OpenAI-compatible server")
+    r.add_argument("--model", default=None, help="model name for --url (default: the server's first model)")
+    r.add_argument("--concurrency", type=int, default=32, help="requests in flight with --url (default 32)")
+    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0, help="sampling seed and --max-rows subset seed")
+    r.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='e.g. \'{"enable_thinking": false}\'; kept in the manifest and used by train, eval and serve')
+    r.add_argument("--system", choices=["keep", "drop"], default="keep", help="the conversations' system prompts")
+    r.add_argument("--max-turns", type=int, default=None, help="answer at most N user turns per conversation")
+    r.add_argument("--max-rows", type=int, default=None, help="seeded random subset of the conversations")
+    r.add_argument("--shard-size", type=int, default=1000, help="conversations per shard (default 1000)")
+    r.add_argument("--max-prompt-tokens", type=int, default=3072,
+                   help="a turn whose prompt is longer ends its conversation (default 3072)")
+    r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype the vllm/hf engine runs the target in (default bfloat16)")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=cmd_regenerate)
 
     g = sub.add_parser("target", help="materialise a built-in target and print its path (e.g. `smollm2`)")
     g.add_argument("name")
