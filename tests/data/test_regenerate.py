@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.data.regenerate import RegenError, RegenSettings, prompt_segments, regenerate, template_kwargs_of
+from draftsmith.data.regenerate import (RegenError, RegenSettings, prompt_segments, regenerate, shard_rows,
+                                        template_kwargs_of)
 from draftsmith.data.sources import load_conversations
 from fixtures import make_tiny_llama, write_jsonl
 
@@ -57,7 +58,7 @@ def greedy(target: Path, messages: list[dict], max_new: int) -> str:
 
 
 def rows(out: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(out.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+    return [row for f in sorted(out.glob("shard-*.jsonl")) for row in shard_rows(f)]
 
 
 def check_against_greedy(target: Path, out: Path, max_new: int) -> None:
@@ -74,6 +75,28 @@ def check_against_greedy(target: Path, out: Path, max_new: int) -> None:
     assert [m["role"] for m in first] == ["system", "user", "assistant", "user", "assistant"]
     assert "another model" not in first[2]["content"] and "disappear" not in first[4]["content"]
     assert [m["role"] for m in got[2]["messages"]] == ["user", "assistant"]
+
+
+def test_answers_with_unicode_line_separators_are_counted_and_read_back(target, data, tmp_path):
+    """json.dumps(ensure_ascii=False) leaves U+2028 raw: a shard must be split at "\\n" only."""
+    class Odd:
+        name = "odd"
+
+        def prompt_length(self, conversation):
+            return 1
+
+        def generate(self, conversations, seeds):
+            return [("line one\u2028line two\x85three", 3) for _ in conversations]
+
+        def close(self):
+            pass
+
+    out = tmp_path / "odd"
+    r = regenerate([str(data)], out, str(target), RegenSettings(engine="hf"), generator=Odd(), progress=False,
+                   log=lambda s: None)
+    assert r.rows == 3 and r.manifest["counts"]["assistant_turns"] == 4
+    convs, report = load_conversations([str(out)])
+    assert report.bad == 0 and convs[0][2]["content"] == "line one\u2028line two\x85three"
 
 
 def test_segments_drop_old_answers_and_optionally_the_system_prompt():

@@ -400,20 +400,30 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         finally:
             bar.close()
             generator.close()
+    finish(out, manifest, n_shards, {"source_rows": report.total, "source_bad_rows": report.bad})
+    wall = time.perf_counter() - t0
+    return RegenResult(out, manifest["counts"]["conversations"], n_shards, done_before, new_tokens, wall, manifest)
+
+
+def shard_rows(path: Path) -> list[dict]:
+    """The rows of one shard. Lines end at "\\n" only: text may hold U+2028 and other characters
+    that ``str.splitlines`` would also split at (json.dumps leaves them raw with ensure_ascii=False)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
+def finish(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> None:
+    """Count what the shards hold and mark the manifest complete (written atomically, last)."""
     rows_total, turns, chars = 0, 0, 0
     for i in range(n_shards):
-        for line in (out / shard_name(i)).read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
+        for row in shard_rows(out / shard_name(i)):
             rows_total += 1
             turns += sum(m["role"] == "assistant" for m in row["messages"])
             chars += sum(len(m["content"]) for m in row["messages"] if m["role"] == "assistant")
     manifest["counts"] = {"conversations": rows_total, "assistant_turns": turns, "assistant_chars": chars,
-                          "shards": n_shards, "source_rows": report.total, "source_bad_rows": report.bad}
+                          "shards": n_shards, **extra_counts}
     manifest["shards"] = [shard_name(i) for i in range(n_shards)]
     manifest["complete"] = True
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    wall = time.perf_counter() - t0
-    return RegenResult(out, rows_total, n_shards, done_before, new_tokens, wall, manifest)
 
 
 def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dict]]]], first: int,
