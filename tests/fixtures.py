@@ -137,3 +137,18 @@ def write_jsonl(path: str | Path, rows) -> Path:
     path = Path(path)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
+
+
+def write_chats(path: str | Path, n: int = 16, numbered: bool = False) -> Path:
+    """``n`` short one-turn chats about pairs of WORDS (``numbered``: each row made unique by its index)."""
+    rows = []
+    for i in range(n):
+        a, b = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
+        tag = f", {i}" if numbered else ""
+        tail = f" {i}" if numbered else ""
+        rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}{tag}."},
+                                  {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy{tail}."}]})
+    return write_jsonl(path, rows)

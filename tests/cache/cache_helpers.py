@@ -8,24 +8,14 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import build_config
-from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
+from fixtures import make_tiny_llama, make_tokenizer, write_chats  # noqa: F401  (write_chats re-exported)
 
-WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
 AUX = [0, 1]  # a 2-layer target has no default EAGLE-3 ids; L = 2 is always cached as the last state
-
-
-def write_chats(path: Path, n: int = 12) -> Path:
-    rows = []
-    for i in range(n):
-        a, b = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
-        rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}, {i}."},
-                                  {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy {i}."}]})
-    return write_jsonl(path, rows)
 
 
 def tiny_setup(root: Path, n_chats: int = 12) -> tuple[Path, Path]:
     target = make_tiny_llama(root / "target", make_tokenizer("chatml"), num_layers=2, hidden=32)
-    return target, write_chats(root / "chats.jsonl", n_chats)
+    return target, write_chats(root / "chats.jsonl", n_chats, numbered=True)
 
 
 def raw_config(target, data, out, engine="hf", cache_dir=None, draft=None, **train) -> dict:

@@ -6,19 +6,8 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import build_config
-from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
+from fixtures import make_tiny_llama, make_tokenizer, write_chats  # noqa: F401  (write_chats re-exported)
 from remote_helpers import AUX, start_servers
-
-WORDS = ["cat", "dog", "sea", "fox", "spider", "France", "Paris", "mouse", "tide", "gull"]
-
-
-def write_chats(path, n=16):
-    rows = []
-    for i in range(n):
-        a, b = WORDS[i % len(WORDS)], WORDS[(3 * i + 1) % len(WORDS)]
-        rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}."},
-                                  {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy."}]})
-    return write_jsonl(path, rows)
 
 
 @contextmanager
