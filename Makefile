@@ -6,7 +6,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
-MINUTES ?= 15
+MINUTES ?= 14
 
 .PHONY: install demo test clean-venv
 

@@ -123,11 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="train an EAGLE-3 draft for the embedded SmolLM2 target on its own answers to "
                                     "ShareGPT prompts, from a feature cache, and check it on vLLM")
-    d.add_argument("--minutes", type=float, default=15.0,
-                   help="budget for training, eval and the vLLM check (default 15); the first run adds the one-time "
-                        "regeneration and feature cache (~5 min)")
+    d.add_argument("--minutes", type=float, default=14.0,
+                   help="budget for training, eval and the vLLM check (default 14); the first run adds the one-time "
+                        "regeneration and feature cache (~6 min)")
     d.add_argument("--output", default="runs/demo", help="output directory (default runs/demo)")
-    d.add_argument("--rows", type=int, default=400, help="ShareGPT prompts the target answers (default 400)")
+    d.add_argument("--rows", type=int, default=320, help="ShareGPT prompts the target answers (default 320)")
     d.add_argument("--no-check", action="store_true", help="skip the real check on vLLM at the end")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
