@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, nargs="+", default=[3],
                     help="K for ngram and the draft; several values run one server per K (default 3)")
+    ap.add_argument("--ngram-k", type=int, nargs="+", default=None,
+                    help="K for ngram when it should differ from the drafts' (default: the -k list)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--preload-iomp", action="store_true",
                     help="LD_PRELOAD <venv>/lib/libiomp5.so for every configuration (vLLM CPU's advice)")
@@ -95,14 +97,14 @@ def main() -> int:
     ks = args.num_speculative_tokens
     out_dir = Path(args.out).parent
     print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
-          f"K {ks}, batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}", flush=True)
+          f"K {ks} (ngram {args.ngram_k or ks}), batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}", flush=True)
 
     def show(r: dict) -> None:
         print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)
 
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
-                          preload=preload, progress=show)
+                          preload=preload, progress=show, ngram_ks=args.ngram_k)
     except (EvalError, ServeError) as e:
         print(f"serve_speedup: {e}", file=sys.stderr)
         return 2
