@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budget for training, eval and the vLLM check (default 14); the first run adds the one-time "
                         "regeneration and feature cache (~6 min)")
     d.add_argument("--output", default="runs/demo", help="output directory (default runs/demo)")
-    d.add_argument("--rows", type=int, default=400, help="ShareGPT prompts the target answers (default 400)")
+    d.add_argument("--rows", type=int, default=320, help="ShareGPT prompts the target answers (default 320)")
     d.add_argument("--no-check", action="store_true", help="skip the real check on vLLM at the end")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
