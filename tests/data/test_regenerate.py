@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.data.regenerate import (RegenError, RegenSettings, prompt_segments, regenerate, shard_rows,
+from draftsmith.data.regenerate import (RegenError, RegenMismatch, RegenSettings, prompt_segments, regenerate, shard_rows,
                                         template_kwargs_of)
 from draftsmith.data.sources import load_conversations
 from fixtures import make_tiny_llama, write_jsonl
@@ -131,7 +131,7 @@ def test_changed_setting_refuses_by_name(target, data, tmp_path):
     out = tmp_path / "regen"
     s = RegenSettings(engine="hf", max_new_tokens=3, shard_size=8)
     regenerate([str(data)], out, str(target), s, dtype="float32", progress=False, log=lambda s: None)
-    with pytest.raises(RegenError, match=r"max_new_tokens 3 -> 4"):
+    with pytest.raises(RegenMismatch, match=r"max_new_tokens 3 -> 4"):
         regenerate([str(data)], out, str(target), RegenSettings(engine="hf", max_new_tokens=4, shard_size=8),
                    dtype="float32", progress=False, log=lambda s: None)
     with pytest.raises(RegenError, match=r"chat_template_kwargs \{\} -> \{\"enable_thinking\": false\}"):

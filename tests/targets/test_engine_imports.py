@@ -7,6 +7,14 @@ from pathlib import Path
 SRC = Path(__file__).parents[2] / "src"
 
 
+def run_clean(code: str) -> str:
+    """Run ``code`` in a fresh interpreter that sees only draftsmith's sources; return its stdout."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def test_import_draftsmith_does_not_import_vllm_or_sglang():
     code = (
         "import sys\n"
@@ -18,10 +26,8 @@ def test_import_draftsmith_does_not_import_vllm_or_sglang():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang'))\n"
         "print('HEAVY', bad)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "HEAVY []" in proc.stdout, proc.stdout
+    out = run_clean(code)
+    assert "HEAVY []" in out, out
 
 
 def test_cache_store_imports_no_engine():
@@ -32,7 +38,5 @@ def test_cache_store_imports_no_engine():
         "           and m != 'draftsmith.targets.contract')\n"
         "print('ENGINES', bad)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "ENGINES []" in proc.stdout, proc.stdout
+    out = run_clean(code)
+    assert "ENGINES []" in out, out

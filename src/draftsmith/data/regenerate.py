@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from draftsmith.cache.store import target_fingerprint
 from draftsmith.data.formats import DataError
 
 MANIFEST = "manifest.json"
@@ -47,6 +48,10 @@ ENGINES = ("vllm", "hf", "url")
 
 class RegenError(DataError):
     """Bad regeneration input or a resume that does not match what the output dir was written with."""
+
+
+class RegenMismatch(RegenError):
+    """The output dir was regenerated with other settings (or by another version's fingerprinting)."""
 
 
 @dataclass
@@ -99,15 +104,6 @@ def prompt_segments(messages: list[dict], system: str) -> tuple[list[dict], list
 def fingerprint(obj: Any) -> str:
     """sha256 of a JSON-serialisable object (sorted keys), first 16 hex digits."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def target_fingerprint(path: str | os.PathLike) -> dict:
-    """What identifies a target checkpoint: its resolved path, config.json hash and weight bytes."""
-    p = Path(path).resolve()
-    cfg = p / "config.json"
-    weights = sorted(p.glob("*.safetensors"))
-    return {"path": str(p), "config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else None,
-            "weight_bytes": sum(f.stat().st_size for f in weights)}
 
 
 # ------------------------------------------------------------------------------ engines
@@ -295,7 +291,7 @@ def _check_resume(path: Path, was: dict, now: dict) -> None:
     changed = [f"{k} {json.dumps(was.get(k))} -> {json.dumps(now.get(k))}" for k in sorted(set(was) | set(now))
                if was.get(k) != now.get(k)]
     if changed:
-        raise RegenError(f"{path}: this dir was regenerated with other settings ({'; '.join(changed[:4])}); rerun with "
+        raise RegenMismatch(f"{path}: this dir was regenerated with other settings ({'; '.join(changed[:4])}); rerun with "
                          "its settings to resume, or pick another --out")
 
 
@@ -353,7 +349,7 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         from draftsmith.models import resolve_target
 
         target = resolve_target(target)
-        target_id = target_fingerprint(target)
+        target_id = target_fingerprint(target, dtype)  # the dtype changes greedy text too
     settings_now = {**asdict(s), "target": target_id, "sources": list(sources), "source_fingerprint": fingerprint(plan)}
     n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
     out.mkdir(parents=True, exist_ok=True)

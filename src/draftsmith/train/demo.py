@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Optional
@@ -63,7 +64,7 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     import importlib.util
 
     from draftsmith.cache.build import build_cache
-    from draftsmith.data.regenerate import RegenSettings, regenerate
+    from draftsmith.data.regenerate import RegenMismatch, RegenSettings, regenerate
 
     spent = {}
     t = time.perf_counter()
@@ -71,7 +72,12 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     regen_dir = demo_dir() / f"regen-sharegpt-{rows}"
     settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, max_turns=1, max_rows=rows,
                              shard_size=100, max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
-    regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress)
+    try:
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress)
+    except RegenMismatch as e:  # the demo owns this dir: data made by another version is redone
+        print(f"demo: {e}; regenerating it")
+        shutil.rmtree(regen_dir)
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress)
     spent["regenerate"] = time.perf_counter() - t
     t = time.perf_counter()
     cache_dir = demo_dir() / f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}"
