@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from draftsmith.cache.store import target_fingerprint
+from draftsmith.cache.store import target_fingerprint, write_atomic
 from draftsmith.data.formats import DataError
 
 MANIFEST = "manifest.json"
@@ -249,12 +249,7 @@ class URLGenerator(Generator):
 
 # ------------------------------------------------------------------------------ output dir
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text.encode("utf-8"))  # tmp + fsync + os.replace, as the feature cache writes
 
 
 def shard_name(index: int) -> str:
