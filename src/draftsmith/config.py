@@ -74,6 +74,18 @@ class DraftConfig:
     num_draft_layers: int = 4  # layer 0 is the fused 2H EAGLE-3 layer, the rest plain decoder layers
     down_sample_ratio: float = 0.7  # COD: depth d keeps max(r^d, r_min) of the candidate anchors
     down_sample_ratio_min: float = 0.2
+    # DFlash family (draft.type dflash / jetspec / domino): one forward drafts a block; num_draft_layers
+    # draft layers read as many target layers (evenly spaced unless target.aux_layer_ids says otherwise)
+    block_size: int = 16  # anchor + block_size - 1 drafted tokens; vLLM serves K = block_size - 1
+    num_anchors: int = 64  # blocks sampled per conversation per step (on assistant tokens)
+    loss_decay_gamma: Optional[float] = 7.0  # position k weighs exp(-(k-1)/gamma); DFlash uses 7 (bs 16), 5 (10), 4 (8); null = uniform
+    kd_temperature: float = 1.0  # jetspec: KD temperature T (loss x T^2)
+    emb_dim: int = 256  # domino: embed_proj width
+    gru_hidden_dim: int = 256  # domino: prefix GRU width
+    pure_draft_prefix_len: int = 0  # domino: leading drafted tokens that use the base logits only
+    shift_label: bool = True  # domino: slot k predicts anchor + k + 1 (all block_size slots draft)
+    lambda_start: float = 1.0  # domino: base-loss weight at step 0 ...
+    lambda_decay_ratio: float = 0.5  # ... falling linearly to 0 over this fraction of the steps
 
 
 @dataclass
@@ -214,6 +226,10 @@ def build_config(raw: dict, source: str = "config") -> RunConfig:
     return cfg
 
 
+MASKED_FAMILIES = ("peagle", "dflash", "jetspec", "domino")  # draft with a reserved mask token
+BLOCK_FAMILIES = ("dflash", "jetspec", "domino")
+
+
 def _cross_checks(cfg: RunConfig) -> list[str]:
     """Value-range checks that types alone cannot express."""
     p = []
@@ -228,9 +244,16 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     if cfg.train.spec_eval_every < 0 or cfg.train.spec_eval_prompts < 1:
         p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
                  f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
-    if cfg.draft.type == "peagle" and cfg.draft.mask_token_id is None:
-        p.append("'draft.mask_token_id' is required for draft.type peagle: set a reserved or unused token id of the "
-                 "target (e.g. 16 <empty_output> for SmolLM2, 128002 for Llama-3)")
+    if cfg.draft.type in MASKED_FAMILIES and cfg.draft.mask_token_id is None:
+        p.append(f"'draft.mask_token_id' is required for draft.type {cfg.draft.type}: set a reserved or unused token id "
+                 "of the target (e.g. 16 <empty_output> for SmolLM2, 128002 for Llama-3)")
+    if cfg.draft.type in BLOCK_FAMILIES:
+        if cfg.draft.block_size < 2:
+            p.append(f"'draft.block_size' = {cfg.draft.block_size}: expected an integer >= 2 (the anchor plus at least "
+                     "one drafted token); DFlash uses 16, 10 or 8")
+        if cfg.draft.num_anchors < 1:
+            p.append(f"'draft.num_anchors' = {cfg.draft.num_anchors}: expected an integer >= 1")
+
     for key in ("num_depths", "num_draft_layers"):
         if getattr(cfg.draft, key) < 1:
             p.append(f"'draft.{key}' = {getattr(cfg.draft, key)}: expected an integer >= 1")

@@ -33,17 +33,17 @@ def test_registered_families_export_the_contract(name):
         assert callable(getattr(module.Model, attr))
 
 
-def test_known_but_unsupported_and_unknown_families_are_one_line_errors():
-    with pytest.raises(DraftError, match=r"^draft family 'dflash' is not supported by this draftsmith yet; supported: eagle3, peagle$"):
-        get_family("dflash")
-    with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3, peagle$"):
+def test_every_known_family_trains_and_an_unknown_one_is_a_one_line_error():
+    assert set(FAMILIES) == {"eagle3", "peagle", "dflash", "jetspec", "domino"}
+    with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3, peagle, dflash, "
+                                         r"jetspec, domino$"):
         get_family("medusa")
 
 
 def test_draft_type_choices_come_from_the_registry():
     assert CHOICES["draft.type"] == tuple(FAMILIES)
     with pytest.raises(ConfigError, match="draft.type"):
-        build_config({"draft": {"type": "dflash"}})
+        build_config({"draft": {"type": "dflash2"}})
 
 
 @pytest.mark.parametrize("draft, needle", [
@@ -54,6 +54,15 @@ def test_draft_type_choices_come_from_the_registry():
 def test_peagle_config_errors_name_the_key(draft, needle):
     with pytest.raises(ConfigError, match=needle):
         build_config({"draft": draft})
+
+
+@pytest.mark.parametrize("section, needle", [
+    ({"draft": {"type": "dflash"}}, "'draft.mask_token_id' is required for draft.type dflash"),
+    ({"draft": {"type": "jetspec", "mask_token_id": 3, "block_size": 1}}, "'draft.block_size' = 1: expected an integer >= 2"),
+])
+def test_block_family_config_errors_name_the_key(section, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build_config(section)
 
 
 def test_peagle_summary_from_summed_micro_batches():

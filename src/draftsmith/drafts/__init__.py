@@ -12,8 +12,9 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
 ``layer_rule(draft) -> (rule, count)``
     its default target layer ids: a rule of ``targets.contract.LAYER_ID_RULES`` and how many ids
     (None: the rule's own count); ``target.aux_layer_ids`` overrides it. ``draft`` = config.DraftConfig.
-``config_from_target(info, draft, *, draft_vocab_size, num_layer_ids) -> Config``
-    the model config for a target (``info``: TargetInfo's attributes) and the run's ``draft`` section.
+``config_from_target(info, draft, *, draft_vocab_size, num_layer_ids, layer_ids=None) -> Config``
+    the model config for a target (``info``: TargetInfo's attributes) and the run's ``draft`` section;
+    ``layer_ids``: the engine layer ids it will read (DFlash records them in its config).
 ``config_from_export(config: dict) -> Config``
     the model config from an exported config.json (inverse of ``Model.export_config``).
 ``Model``
@@ -25,13 +26,16 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
     take what the draft needs from the target before training: ``embeddings`` (V, H); ``head()``
     returns (lm_head (V, H), final_norm (H,)) and is only called when needed; ``vocab`` has
     ``draft_ids`` (Vd,), ``d2t`` (Vd,) and ``t2d`` (V,).
-``load_exported(config, state, target_embeddings) -> Model``
+``load_exported(config, state, target_embeddings, target_lm_head=None) -> Model``
     a model for inference from an export (``state``: on-disk tensor names); ValueError when they do
-    not fit. ``layer_ids_from_export(config) -> list[int]``: the target layer ids it was trained on.
+    not fit. Drafts that borrow the target's lm_head (DFlash) take it here (None: the embeddings). ``layer_ids_from_export(config) -> list[int]``: the target layer ids it was trained on.
 ``summarize(sums) -> dict``
     metric sums (over any number of micro-batches) -> summary (per-position accuracy list, simulated
     tau, ...; JSON-able). ``scalars(summary) -> dict[str, float]``: what tensorboard logs;
     ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
+
+Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every
+optimizer step (Domino's loss schedule reads it).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ from types import ModuleType
 FAMILIES: dict[str, str] = {
     "eagle3": "draftsmith.drafts.eagle3",
     "peagle": "draftsmith.drafts.peagle",
+    "dflash": "draftsmith.drafts.dflash",
+    "jetspec": "draftsmith.drafts.jetspec",
+    "domino": "draftsmith.drafts.domino",
 }
 
 # Every family a checkpoint can hold (serve/resolve.py classifies the same way); those not in

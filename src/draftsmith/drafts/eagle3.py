@@ -464,7 +464,8 @@ def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
     return "eagle3", None
 
 
-def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int) -> Eagle3Config:
+def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
+                       layer_ids: Optional[list[int]] = None) -> Eagle3Config:
     """A draft shaped like one target decoder layer (``info``: TargetInfo), over ``draft_vocab_size``."""
     return Eagle3Config(
         hidden_size=info.hidden_size, target_hidden_size=info.hidden_size,

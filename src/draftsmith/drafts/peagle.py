@@ -325,7 +325,8 @@ layer_rule = eagle3.layer_rule
 layer_ids_from_export = eagle3.layer_ids_from_export
 
 
-def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int) -> PEagleConfig:
+def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
+                       layer_ids: Optional[list[int]] = None) -> PEagleConfig:
     """EAGLE-3's shape for this target plus the run's parallel-drafting knobs (``draft``: DraftConfig)."""
     base = eagle3.config_from_target(info, draft, draft_vocab_size=draft_vocab_size, num_layer_ids=num_layer_ids)
     return PEagleConfig(**vars(base), mask_token_id=draft.mask_token_id, num_depths=draft.num_depths,

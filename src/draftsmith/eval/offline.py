@@ -10,6 +10,8 @@ serves them:
 - P-EAGLE (:class:`PEagleProposer`, parallel): one draft forward per round over the target slots
   plus K-1 mask slots drafts K tokens (vLLM's ``parallel_drafting``); the target slots stay cached,
   the mask slots are recomputed every round. 1 <= K <= num_depths; eval's default K is num_depths.
+- DFlash family (:class:`BlockProposer`, block): the committed context's K/V stay cached; one draft
+  forward over [newest token, MASK x K] drafts K tokens (vLLM's ``dflash``); default K = block_size - 1.
 
 Greedy output is token-identical to plain greedy decoding of the target; plain decoding runs side
 by side so tokens/s is a ratio. With a temperature each drafted token is sampled from the draft's
@@ -18,7 +20,7 @@ independently) and verified by rejection sampling.
 
 Drafts load through the family registry (drafts/__init__.py: the family is read from config.json);
 a family is evaluable once it has a ``Proposer`` in :data:`PROPOSERS` (see
-:mod:`draftsmith.eval.speculative`; verification is shared). DFlash (block) drafts have none yet.
+:mod:`draftsmith.eval.speculative`; verification is shared).
 The trainer's ``train.spec_eval_every`` hook (:func:`trainer_spec_eval`) uses the same proposers.
 """
 
@@ -43,6 +45,7 @@ from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, g
 from draftsmith.weights import read_tensors
 
 EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
+BLOCK_FAMILIES = ("dflash", "jetspec", "domino")  # borrow the target's lm_head
 FAMILY_NAMES = {"peagle": "P-EAGLE (parallel)", "dflash": "DFlash (block)", "jetspec": "JetSpec (block)",
                 "domino": "Domino (block)"}
 
@@ -228,9 +231,64 @@ class PEagleProposer:
         pass  # only committed depth-0 slots are cached; the mask slots were dropped in propose
 
 
+class BlockProposer:
+    """Block proposer for the DFlash family (DFlash, JetSpec, Domino), as vLLM 0.32's ``dflash``
+    method runs a draft (``qwen3_dflash.py``, ``v1/spec_decode/dflash.py``):
+
+    - context: the target's states at every committed position t < n go through fc + hidden_norm and
+      each layer's k/v projections ONCE (``precompute_and_store_context_kv``) and stay cached; they are
+      appended as positions are committed and never recomputed (committed positions never change);
+    - block: [newest committed token, MASK x K] at positions n..n+K, one draft forward in which the
+      block sees the whole cached context and itself (bidirectional, or causal for JetSpec); rows
+      1..K give d_1..d_K through the target's lm_head (Domino: rows 0..K-1 plus its GRU walk).
+    1 <= K <= the tokens one block drafts (block_size - 1; Domino with shift_label: block_size).
+    """
+
+    kind = "block"
+
+    def __init__(self, draft: Any):
+        self.draft = draft
+        self.target_ids = torch.arange(draft.cfg.vocab_size)  # the full target vocab
+        self.reset()
+
+    @property
+    def max_k(self) -> int:
+        return self.draft.max_k
+
+    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = block_size - 1
+
+    def reset(self) -> None:
+        self.kvs = None  # per layer (k, v), each (1, h_kv, filled, d)
+        self.filled = 0
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        d, k = self.draft, state.k
+        if not 1 <= k <= self.max_k:
+            raise ValueError(f"k={k}: this block draft drafts {self.max_k} tokens per forward; use 1 <= k <= {self.max_k}")
+        if state.temperature > 0 and hasattr(d, "set_progress"):
+            raise EvalError("Domino drafts are evaluated greedily (its GRU walks its own argmax); pass --temperature 0")
+        n = state.aux.shape[0]  # committed positions with target states; tokens[n] is the anchor
+        dev = d.fc.weight.device
+        if n > self.filled:
+            pos = torch.arange(self.filled, n, device=dev)[None]
+            new = d.context_kv(d.context(state.aux[self.filled : n].to(dev)[None]), pos)
+            self.kvs = new if self.kvs is None else [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
+                                                     for (k0, v0), (k1, v1) in zip(self.kvs, new)]
+            self.filled = n
+        logits = d.propose(self.kvs, int(state.tokens[n]), n, k)  # (K, V)
+        tokens, q = choose(logits, self.target_ids.to(logits.device), d.cfg.vocab_size, state)
+        return Proposal(tokens, q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        pass  # only committed context is cached; the block is recomputed every round
+
+
 # Offline proposer per draft family (the family's inference loop; verification is shared). Each has
 # ``kind``, ``max_k`` (None = any), ``default_k`` (eval without -k) and ``trained_k`` (the trainer hook's K).
-PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer, "peagle": PEagleProposer}
+PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer, "peagle": PEagleProposer,
+                                              "dflash": BlockProposer, "jetspec": BlockProposer,
+                                              "domino": BlockProposer}
 
 
 def proposer_for(draft: Any) -> Any:
@@ -246,8 +304,8 @@ def check_k(proposer: Any, k: Optional[int], family: str) -> int:
     if k is None:
         return proposer.default_k
     if proposer.max_k is not None and not 1 <= k <= proposer.max_k:
-        raise EvalError(f"-k {k}: this {FAMILY_NAMES.get(family, family)} draft has num_depths={proposer.max_k} "
-                        f"(tokens per draft forward); pass -k between 1 and {proposer.max_k} or omit -k")
+        raise EvalError(f"-k {k}: this {FAMILY_NAMES.get(family, family)} draft drafts {proposer.max_k} tokens per "
+                        f"forward; pass -k between 1 and {proposer.max_k} or omit -k")
     return k
 
 
@@ -267,11 +325,13 @@ def resolve_draft_dir(path: str | Path) -> Path:
                     "pass a draftsmith checkpoint or an exported draft dir")
 
 
-def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None):
+def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None,
+               target_lm_head: Optional[torch.Tensor] = None):
     """Load a draft for inference through the family registry -> (family, model fp32 eval, layer ids, draft dir).
 
     The family comes from config.json (drafts.family_of_config); it must be registered and have a
-    proposer here. ``target_embeddings`` (V, H) fills the draft's embeddings when it was saved without.
+    proposer here. ``target_embeddings`` (V, H) fills the draft's embeddings when it was saved without;
+    block drafts also borrow ``target_lm_head`` (V, H) (None: the embeddings, a tied target).
     """
     d = resolve_draft_dir(path)
     config = json.loads((d / "config.json").read_text())
@@ -279,17 +339,25 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
     arch = (config.get("architectures") or ["?"])[0]
     if family not in PROPOSERS or (family == "eagle3" and arch not in EAGLE3_ARCHS):
         kind = FAMILY_NAMES.get(family, f"architecture {arch}")
-        raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline yet; only EAGLE-3 chain "
-                        f"drafts ({', '.join(EAGLE3_ARCHS)}) and P-EAGLE parallel drafts are; benchmark it on a "
+        raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline; EAGLE-3 chain drafts "
+                        f"({', '.join(EAGLE3_ARCHS)}), P-EAGLE and the DFlash family are; benchmark it on a "
                         "server with bench-server")
     state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
     try:
         module = get_family(family)
         layer_ids = module.layer_ids_from_export(config)
-        model = module.load_exported(config, state, target_embeddings)
+        if family in BLOCK_FAMILIES:
+            model = module.load_exported(config, state, target_embeddings, target_lm_head)
+        else:
+            model = module.load_exported(config, state, target_embeddings)
     except (DraftError, ValueError) as e:
         raise EvalError(f"{d}: {e}") from None
     return family, model, layer_ids, d
+
+
+def family_of_dir(draft_dir: Path) -> str:
+    """The family of the draft whose config.json is in ``draft_dir``."""
+    return family_of_config(json.loads((Path(draft_dir) / "config.json").read_text()))
 
 
 def draft_meta(draft_dir: Path) -> dict:
@@ -377,7 +445,8 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
     engine = HFEngine(target, dtype=dtype)
     try:
         model, info = engine.model, engine.info()
-        family, model_draft, aux_ids, _ = load_draft(draft_dir, engine.embeddings())
+        family, model_draft, aux_ids, _ = load_draft(
+            draft_dir, engine.embeddings(), engine.lm_head_weight() if family_of_dir(draft_dir) in BLOCK_FAMILIES else None)
         c = model_draft.cfg
         if c.vocab_size != info.vocab_size or c.target_hidden_size != info.hidden_size:
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "

@@ -71,6 +71,10 @@ def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
         out["architectures"] = [DFLASH_VLLM_ARCH]
         if dflash_causal:  # JetSpec: causal attention inside the block
             out.setdefault("dflash_config", {})["causal"] = True
+        # vLLM 0.32 (_dflash_layer_causal) reads a top-level is_causal BEFORE dflash_config.causal:
+        # a stale is_causal: false would silently serve a JetSpec draft bidirectionally
+        if "is_causal" in out or (out.get("dflash_config") or {}).get("causal"):
+            out["is_causal"] = bool((out.get("dflash_config") or {}).get("causal", False))
         return out
     if dflash_causal:
         raise ServeError("--dflash-causal applies to DFlash drafts only; this draft is "

@@ -24,7 +24,7 @@ from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts import get_family
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import default_layer_ids, supervision_to, validate_layer_ids
+from draftsmith.targets.contract import default_layer_ids, supervision_kind, supervision_to, validate_layer_ids
 from draftsmith.train import checkpoint as ckpt
 
 
@@ -69,12 +69,13 @@ class Cosine:
         self.anchor_p, self.anchor_step, self.end = self.progress(anchor), anchor, max(end, anchor + 1)
 
 
-def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, num_layer_ids: int):
-    """A fresh draft of family ``draft.type`` for this target, over the selected draft vocab."""
+def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: list[int]):
+    """A fresh draft of family ``draft.type`` for this target, over the selected draft vocab, reading
+    the target's ``layer_ids`` (engine convention)."""
     family = get_family(cfg.draft.type)
     try:  # values only checkable against the target (e.g. mask_token_id within its vocab)
         config = family.config_from_target(info, cfg.draft, draft_vocab_size=int(vocab.draft_ids.numel()),
-                                           num_layer_ids=num_layer_ids)
+                                           num_layer_ids=len(layer_ids), layer_ids=list(layer_ids))
     except ValueError as e:
         raise ConfigError([f"draft.{e}"]) from None
     return family.Model(config)
@@ -209,6 +210,8 @@ class Trainer:
         cfg = self.cfg
         cache_dir = Path(cfg.data.vocab_cache_dir) if cfg.data.vocab_cache_dir else self.out / "cache"
         draft_vocab_size = cfg.data.draft_vocab_size or self.info.vocab_size
+        if not supervision_kind(self.family.SUPERVISION).vocab:  # e.g. DFlash: the target's lm_head, full vocab
+            draft_vocab_size = self.info.vocab_size
         if saved is not None:  # the checkpoint's vocab map wins: the draft's lm_head rows follow it
             v = saved["vocab"]
             self.vocab = VocabMap(v["draft_ids"], v["d2t"], v["t2d"], saved["meta"].get("vocab_coverage", float("nan")),
@@ -220,7 +223,7 @@ class Trainer:
 
     def _build_draft(self) -> None:
         """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
-        self.draft = build_draft(self.cfg, self.info, self.vocab, len(self.aux_ids))
+        self.draft = build_draft(self.cfg, self.info, self.vocab, self.aux_ids)
         self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
                                   head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight()),
                                   vocab=self.vocab)
@@ -304,6 +307,8 @@ class Trainer:
         """
         t = self.cfg.train
         self.draft.train()
+        if hasattr(self.draft, "set_progress"):  # a loss schedule over optimizer steps (Domino)
+            self.draft.set_progress(self.step, self.total_steps)
         loss, tokens, sums = 0.0, 0, None
         for examples in window:
             out, n_tok = self.forward(examples, next(sups) if sups is not None else None)

@@ -1,0 +1,532 @@
+"""DFlash block draft: one forward drafts a whole block of ``block_size - 1`` tokens.
+
+Model math only (no I/O, no engines). Module names equal the on-disk names (``Qwen3DFlashDraftModel``,
+no ``model.`` prefix) so ``state_dict()`` is the checkpoint. There is no embed_tokens and no lm_head:
+the draft borrows the target's, frozen, as plain (unregistered) attributes, as vLLM shares them.
+
+Draft (what vLLM's ``qwen3_dflash.py`` serves; n = len(target_layer_ids), H = target hidden):
+    ctx   = hidden_norm(fc(cat_i aux_i))                  (B, S, n*H) -> (B, S, H), same for every layer
+    x     = embed([token at anchor, MASK, ..., MASK])     (B, N*bs, H): one block per anchor
+    layer: q from input_layernorm(x); K, V = [k/v_proj(ctx) | k/v_proj(input_layernorm(x))]
+           (one projection for both), per-head q_norm/k_norm, RoPE at [0..S-1 | anchor + offset];
+           r = x + o_proj(attn); x = r + mlp(post_attention_layernorm(r))
+    logits = target lm_head(norm(x))                      over the full target vocab
+Visibility (DRAFT_FAMILIES 2.3): a query of block b (anchor a_b) sees context keys j < a_b (strictly
+before the anchor: the target has no state for the anchor token yet when it drafts) and the keys
+of its own block, all of them (bidirectional) or j' <= i (``causal``: JetSpec); never another block.
+Block position k predicts the token at a_b + k, so position 0 (the anchor) is never supervised.
+
+Loss: sum_{b, k>=1} w_k CE_k m / (sum w_k m + 1e-6), w_k = exp(-(k-1)/gamma) (uniform when gamma is
+None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (drafts/jetspec.py) swaps the CE for
+a KD loss and Domino (drafts/domino.py) adds a GRU correction head; both reuse everything here.
+Inference (``propose``) keeps the projected context K/V per layer across rounds, as vLLM's
+``precompute_and_store_context_kv`` writes them into the draft KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+
+__all__ = ["DFlashConfig", "DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
+           "visibility", "decay_weights", "block_metrics"]
+
+SUPERVISION = "dflash"  # unshifted aux states, ids and loss mask (targets/contract.py)
+PROGRESS = {"acc": "acc1", "tau": "accept_len"}
+ARCH = "Qwen3DFlashDraftModel"
+
+
+class NoValidAnchors(ValueError):
+    """No row of a batch has an assistant token with a whole block after it (a micro-batch to skip)."""
+
+
+@dataclass
+class DFlashConfig:
+    """Shape and training knobs of a DFlash draft. ``target_layer_ids`` are in DFlash's on-disk
+    convention: id j = output of target decoder layer j (our engine id j + 1)."""
+
+    hidden_size: int  # = the target's: the draft reads its embeddings and lm_head
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: Optional[int]
+    num_hidden_layers: int = 1
+    block_size: int = 16
+    causal: bool = False  # JetSpec: causal attention inside the block
+    num_anchors: int = 64  # blocks sampled per row while training
+    loss_decay_gamma: Optional[float] = 7.0  # w_k = exp(-(k-1)/gamma); None = uniform
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: int = 2048
+    extra: dict = field(default_factory=dict)  # family knobs (JetSpec temperature, Domino head); exported as is
+
+    def __post_init__(self):
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.block_size) or self.block_size < 2:
+            raise ValueError(f"block_size={self.block_size!r} must be an int >= 2 (the anchor plus at least one "
+                             "drafted token); DFlash uses 16, 10 or 8")
+        m, v = self.mask_token_id, self.vocab_size
+        if not is_int(m) or not 0 <= m < v:
+            raise ValueError(f"mask_token_id={m!r} must be an int in 0..{v - 1} (the target vocab); set it to a "
+                             "reserved or unused token id, e.g. 16 for SmolLM2")
+        ids, L = list(self.target_layer_ids), self.num_target_layers
+        if not ids or any(not is_int(i) or not 0 <= i < L for i in ids) or len(set(ids)) != len(ids):
+            raise ValueError(f"target_layer_ids={ids!r} must be distinct decoder-layer outputs in 0..{L - 1} "
+                             f"(engine ids 1..{L}: target.aux_layer_ids); fix target.aux_layer_ids")
+        for key in ("num_hidden_layers", "num_anchors"):
+            if not is_int(getattr(self, key)) or getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)!r} must be an int >= 1")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.loss_decay_gamma is not None and not self.loss_decay_gamma > 0:
+            raise ValueError(f"loss_decay_gamma={self.loss_decay_gamma!r} must be > 0, or null for uniform weights")
+
+    @property
+    def target_hidden_size(self) -> int:
+        return self.hidden_size
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.target_layer_ids)
+
+
+# ---------------------------------------------------------------------------------- blocks and mask
+def sample_anchors(loss_mask: torch.Tensor, block_size: int, num_anchors: int,
+                   generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors per row -> (anchor (B, N) int64 sorted, keep (B, N) bool).
+
+    valid[b, a] = loss_mask[b, a] == 1 and a <= S - block_size; N = min(num_anchors, max valid count
+    of a row). Each row takes a uniform random subset (the N smallest of one uniform key per
+    position, keys drawn for the whole (B, S) at once), sorted; rows with fewer valid anchors are
+    padded with keep=False blocks at anchor 0. NoValidAnchors when no row has any.
+    """
+    b, s = loss_mask.shape
+    valid = loss_mask.bool() & (torch.arange(s, device=loss_mask.device) <= s - block_size)
+    n = min(num_anchors, int(valid.sum(1).max()) if b else 0)
+    if n == 0:
+        raise NoValidAnchors(f"no assistant token with {block_size - 1} tokens after it in a batch of length {s}")
+    keys = torch.rand(b, s, generator=generator).to(loss_mask.device)
+    keys = keys.masked_fill(~valid, 2.0)  # invalid positions sort last
+    picked = keys.argsort(1)[:, :n]  # (B, N) random valid positions first
+    keep = valid.gather(1, picked)
+    anchor = torch.where(keep, picked, torch.full_like(picked, s))  # padding sorts after real anchors
+    anchor, order = anchor.sort(1)
+    keep = keep.gather(1, order)
+    return anchor.masked_fill(~keep, 0), keep
+
+
+def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor: torch.Tensor, keep: torch.Tensor,
+                 block_size: int, mask_token_id: int, label_offset: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Blocks over anchors -> noise ids, positions, label ids, label mask, each (B, N, bs).
+
+    noise[b, j] = [token[a_j], MASK, ...] (all MASK for padding blocks); position = a_j + k;
+    label = token[a_j + k + o], supervised where keep, k >= 1 - o, a_j + k + o < S and
+    loss_mask[a_j + k + o]. o = ``label_offset``: 0 for DFlash (the anchor slot predicts nothing),
+    1 for Domino's shift_label (every slot predicts the token after its position).
+    """
+    s = input_ids.shape[1]
+    offs = torch.arange(block_size, device=input_ids.device)
+    pos = anchor[..., None] + offs  # (B, N, bs)
+    lpos = pos + label_offset
+    idx = lpos.clamp(max=s - 1).flatten(1)
+    labels = input_ids.gather(1, idx).view_as(pos)
+    label_mask = (keep[..., None] & (offs >= 1 - label_offset) & (lpos < s)
+                  & loss_mask.bool().gather(1, idx).view_as(pos))
+    noise = torch.full_like(pos, mask_token_id)
+    noise[..., 0] = torch.where(keep, input_ids.gather(1, anchor), mask_token_id)
+    return noise, pos, labels, label_mask
+
+
+def visibility(anchor: torch.Tensor, context_len: int, block_size: int, causal: bool) -> torch.Tensor:
+    """(B, N) anchors -> (B, N*bs, S + N*bs) bool, [b, q, kv] = kv visible to q.
+
+    Query (block j, offset i) sees context kv < a_j and, in its own block, every offset (bidirectional)
+    or offsets <= i (causal). Padding blocks (anchor 0) keep their in-block keys, so no row is empty.
+    """
+    b, n = anchor.shape
+    dev = anchor.device
+    q_anchor = anchor.repeat_interleave(block_size, 1)  # (B, Q)
+    ctx = torch.arange(context_len, device=dev)[None, None, :] < q_anchor[..., None]  # (B, Q, S)
+    blk = torch.arange(n * block_size, device=dev)
+    same = (blk[:, None] // block_size) == (blk[None, :] // block_size)  # (Q, Q)
+    if causal:
+        same = same & (blk[None, :] <= blk[:, None])
+    return torch.cat([ctx, same[None].expand(b, -1, -1)], dim=2)
+
+
+def decay_weights(block_size: int, gamma: Optional[float], first: int = 1) -> torch.Tensor:
+    """(bs,) loss weight per block position: 0 before ``first`` (the first supervised position),
+    exp(-(k - first)/gamma) from it on (1 if gamma is None)."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    w = torch.ones(block_size) if gamma is None else torch.exp(-(k - first) / gamma)
+    w[:first] = 0.0
+    return w
+
+
+def block_metrics(correct: torch.Tensor, mask: torch.Tensor, first: int = 1) -> dict[str, torch.Tensor]:
+    """Per-block acceptance from (B, N, bs) correct/mask -> summable counts; positions before ``first``
+    are never supervised (the anchor slot, for DFlash).
+
+    pos_correct / pos_count (bs-first,): per drafted position; pos_prefix: drafted positions up to k
+    all correct where supervised; accept_len_sum: sum over blocks with a supervised position of 1 + the
+    run of correct positions before the first supervised miss (unsupervised positions neither break
+    nor extend it); valid_blocks: those blocks.
+    """
+    c, m = correct[..., first:], mask[..., first:]
+    miss = m & ~c
+    before_miss = miss.long().cumsum(-1) == 0
+    run = (c & m & before_miss).sum(-1)  # (B, N)
+    has = m.any(-1)
+    prefix = (c & m & before_miss) | (~m & before_miss)  # positions 1..k hit or skipped
+    prefix = prefix.long().cumprod(-1).bool() & m
+    return {"pos_correct": (c & m).sum((0, 1)), "pos_count": m.sum((0, 1)), "pos_prefix": prefix.sum((0, 1)),
+            "accept_len_sum": (1 + run)[has].sum().reshape(1), "valid_blocks": has.sum().reshape(1)}
+
+
+# ---------------------------------------------------------------------------------- model
+class DFlashAttention(nn.Module):
+    """Qwen3 attention with q/k norms whose keys/values are [context | block] (one projection)."""
+
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, H) -> k, v (B, h_kv, T, d): k_norm then RoPE on k."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, Q, H) block states, ctx_k/v (B, h_kv, S, d), mask (B or 1, 1, Q, S + Q) additive -> (B, Q, H)."""
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, cos, sin)
+        k, v = self.kv(x, cos, sin)
+        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)  # (B, h_kv, S + Q, d)
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask.to(q.dtype),
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        r = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+@dataclass
+class DFlashOutput:
+    """Training/eval result: ``loss`` carries grad, ``sums`` are detached counts (see block_metrics)."""
+
+    loss: torch.Tensor
+    sums: dict
+
+
+class DFlashDraft(nn.Module):
+    """DFlash draft (``Qwen3DFlashDraftModel``); JetSpec and Domino subclass it."""
+
+    label_offset = 0  # block slot k predicts token anchor + k + label_offset (Domino's shift_label: 1)
+
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_aux * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        self.register_buffer("loss_weights", decay_weights(cfg.block_size, cfg.loss_decay_gamma, 1 - self.label_offset),
+                             persistent=False)
+        # The target's, frozen and not registered: never in state_dict (not on disk), never optimized.
+        self.__dict__["embed_tokens"] = None
+        self.__dict__["lm_head"] = None
+
+    def attach_target(self, embeddings: torch.Tensor, lm_head: torch.Tensor) -> None:
+        """Borrow the target's (V, H) input embedding and (V, H) lm_head (no copies, no grad)."""
+        self.__dict__["embed_tokens"] = embeddings.detach()
+        self.__dict__["lm_head"] = lm_head.detach()
+
+    def _apply(self, fn, recurse: bool = True):
+        # .to(device) moves the borrowed tensors with the draft (dtype casts leave them alone)
+        super()._apply(fn, recurse)
+        for name in ("embed_tokens", "lm_head"):
+            t = self.__dict__.get(name)
+            if t is not None:
+                dev = fn(torch.empty(0, device=t.device)).device
+                self.__dict__[name] = t.to(dev)
+        return self
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is None:
+            raise RuntimeError("DFlash draft has no target embeddings; call attach_target(embeddings, lm_head) first")
+        return F.embedding(ids, self.embed_tokens).to(self.fc.weight.dtype)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., H) normed states -> (..., V) with the target's lm_head."""
+        return F.linear(h, self.lm_head.to(h.dtype))
+
+    def context(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """(B, S, n, H) target states -> ctx (B, S, H) = hidden_norm(fc(concat))."""
+        return self.hidden_norm(self.fc(aux_hidden.flatten(2).to(self.fc.weight.dtype)))
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ctx (B, S, H) at positions (B, S) -> per layer (k, v), each (B, h_kv, S, d)."""
+        cos, sin = self.rotary(positions)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def run_blocks(self, noise_ids: torch.Tensor, positions: torch.Tensor, kvs: list, mask: torch.Tensor) -> torch.Tensor:
+        """Blocks (B, Q) ids at (B, Q) positions over per-layer context K/V -> norm(h) (B, Q, H)."""
+        x = self.embed(noise_ids)
+        cos, sin = self.rotary(positions)
+        for layer, (k, v) in zip(self.layers, kvs):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)
+
+    def blocks(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+               generator: Optional[torch.Generator] = None):
+        """Sample anchors and run every block -> (h (B, N, bs, H), labels, label_mask, anchor)."""
+        cfg = self.cfg
+        b, s = input_ids.shape
+        bs = cfg.block_size
+        o = self.label_offset
+        anchor, keep = sample_anchors(loss_mask, bs + o, cfg.num_anchors, generator)
+        noise, pos, labels, lmask = block_inputs(input_ids, loss_mask, anchor, keep, bs, cfg.mask_token_id, o)
+        ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
+        kvs = self.context_kv(self.context(aux_hidden), ctx_pos)
+        vis = visibility(anchor, s, bs, cfg.causal)
+        mask = torch.zeros(vis.shape, device=vis.device).masked_fill(~vis, float("-inf"))[:, None]
+        h = self.run_blocks(noise.flatten(1), pos.flatten(1), kvs, mask)
+        return h.view(b, -1, bs, h.shape[-1]), labels, lmask, anchor
+
+    def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
+                   sup: Any) -> DFlashOutput:
+        """Decay-weighted CE against the data tokens: per-position CE on supervised rows only."""
+        w = self.loss_weights.to(h.device).expand_as(lmask)[lmask]  # (M,)
+        logits = self.logits(h[lmask]).float()  # (M, V)
+        ce = F.cross_entropy(logits, labels[lmask], reduction="none")
+        loss = (w * ce).sum() / (w.sum() + 1e-6)
+        correct = torch.zeros_like(lmask)
+        correct[lmask] = logits.argmax(-1) == labels[lmask]
+        return DFlashOutput(loss, block_metrics(correct.detach(), lmask, 1 - self.label_offset))
+
+    def forward(self, sup: Any, generator: Optional[torch.Generator] = None) -> DFlashOutput:
+        """Loss and metric sums over one micro-batch of ``dflash`` supervision (right padding)."""
+        try:
+            h, labels, lmask, anchor = self.blocks(sup.aux_hidden, sup.input_ids, sup.loss_mask, generator)
+        except NoValidAnchors:  # nothing to learn from: a zero loss that still reaches every parameter
+            zero = sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
+            return DFlashOutput(zero, empty_sums(self.cfg.block_size - 1 + self.label_offset, zero.device))
+        return self.block_loss(h, labels, lmask, anchor, sup)
+
+    def supervised(self, sup: Any) -> DFlashOutput:
+        """Training: anchors from torch's global RNG (saved in checkpoints, so resume is bitwise);
+        eval mode: a fixed generator, so held-out metrics compare across evaluations."""
+        gen = None if self.training else torch.Generator().manual_seed(0)
+        return self(sup, gen)
+
+    # ------------------------------------------------------------------ inference
+    @property
+    def max_k(self) -> int:
+        """Tokens one block drafts: bs - 1 (the anchor slot predicts nothing), bs with a label offset."""
+        return self.cfg.block_size - 1 + self.label_offset
+
+    @torch.no_grad()
+    def propose(self, kvs: list, anchor_token: int, position: int, k: int) -> torch.Tensor:
+        """One block after a context whose per-layer K/V ``kvs`` cover positions 0..position-1 ->
+        logits (k, V) for positions position+1..position+k. The block is [anchor, MASK...] at
+        positions position.. with k + 1 - label_offset slots (vLLM runs K + 1 slots for K tokens)."""
+        dev = self.fc.weight.device
+        n = k + 1 - self.label_offset
+        ids = torch.full((1, n), self.cfg.mask_token_id, dtype=torch.long, device=dev)
+        ids[0, 0] = anchor_token
+        pos = torch.arange(position, position + n, device=dev)[None]
+        s = kvs[0][0].shape[2]
+        vis = visibility(torch.tensor([[0]], device=dev), 0, n, self.cfg.causal)  # (1, n, n)
+        vis = torch.cat([torch.ones(1, n, s, dtype=torch.bool, device=dev), vis], 2)  # context: all of it
+        mask = torch.zeros(vis.shape, device=dev).masked_fill(~vis, float("-inf"))[:, None]
+        return self.head_logits(self.run_blocks(ids, pos, kvs, mask)[0, 1 - self.label_offset:], anchor_token)
+
+    def head_logits(self, h: torch.Tensor, anchor_token: int) -> torch.Tensor:
+        """Drafted rows (k, H) -> logits (k, V) (Domino adds its correction here)."""
+        return self.logits(h).float()
+
+    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
+        """config.json as DRAFT_FAMILIES 2.2/3 and vLLM's DFlash loader read it (``aux_layer_ids``
+        are engine ids; the on-disk ``target_layer_ids`` are those minus one)."""
+        cfg = self.cfg
+        dflash = {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+                  "target_layer_ids": [i - 1 for i in aux_layer_ids]}
+        if cfg.causal:
+            dflash["causal"] = True
+        dflash.update({k: v for k, v in cfg.extra.items() if k in EXPORTED_EXTRA})
+        return {
+            "architectures": [ARCH], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+            "num_hidden_layers": cfg.num_hidden_layers, "num_target_layers": cfg.num_target_layers,
+            "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+            "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_position_embeddings,
+            "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+            "layer_types": ["full_attention"] * cfg.num_hidden_layers, "use_sliding_window": False,
+            "max_window_layers": cfg.num_hidden_layers,
+            # vLLM reads is_causal before dflash_config.causal: it must say the same
+            "is_causal": bool(cfg.causal), "block_size": cfg.block_size, "dflash_config": dflash,
+            "torch_dtype": torch_dtype,
+            "draftsmith": {"draft_type": FAMILY_OF.get(type(self).__name__, "dflash"), "num_anchors": cfg.num_anchors,
+                           "loss_decay_gamma": cfg.loss_decay_gamma,
+                           **{k: v for k, v in cfg.extra.items() if k not in EXPORTED_EXTRA}},
+        }
+
+
+def empty_sums(positions: int, device: Any = None) -> dict:
+    z = torch.zeros(positions, dtype=torch.long, device=device)
+    return {"pos_correct": z, "pos_count": z.clone(), "pos_prefix": z.clone(),
+            "accept_len_sum": torch.zeros(1, dtype=torch.long, device=device),
+            "valid_blocks": torch.zeros(1, dtype=torch.long, device=device)}
+
+
+# dflash_config keys a serving engine reads (Domino's head shape); the rest go under "draftsmith"
+EXPORTED_EXTRA = ("projector_type", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label")
+FAMILY_OF = {"DFlashDraft": "dflash", "JetSpecDraft": "jetspec", "DominoDraft": "domino"}
+
+
+# ---------------------------------------------------------------------------------- family contract
+Model = DFlashDraft
+
+
+def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
+    """DFlash's default: one target layer per draft layer, evenly spaced (DRAFT_FAMILIES 2.1)."""
+    return "dflash", draft.num_draft_layers
+
+
+def config_kwargs(info: Any, draft: Any, num_layer_ids: int, aux_ids: Optional[list] = None) -> dict:
+    return dict(
+        hidden_size=info.hidden_size, num_attention_heads=info.num_attention_heads,
+        num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
+        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size, num_target_layers=info.num_layers,
+        num_hidden_layers=draft.num_draft_layers, block_size=draft.block_size, mask_token_id=draft.mask_token_id,
+        num_anchors=draft.num_anchors, loss_decay_gamma=draft.loss_decay_gamma, rms_norm_eps=info.rms_norm_eps,
+        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
+        max_position_embeddings=info.max_position_embeddings,
+    )
+
+
+def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
+                       layer_ids: Optional[list[int]] = None) -> DFlashConfig:
+    """The draft for a target (``info``: TargetInfo) and the run's ``draft`` section; ``layer_ids``
+    are the engine ids it reads (the trainer's), placeholders 1..n when only the count is known."""
+    ids = [i - 1 for i in (layer_ids or range(1, num_layer_ids + 1))]
+    return DFlashConfig(**config_kwargs(info, draft, num_layer_ids), target_layer_ids=ids)
+
+
+def config_from_export(config: dict, cls: type = DFlashConfig, **extra: Any) -> DFlashConfig:
+    """Rebuild from an exported config.json (inverse of :meth:`DFlashDraft.export_config`)."""
+    d = config.get("dflash_config") or {}
+    own = config.get("draftsmith") or {}
+    return cls(hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],
+               num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
+               head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+               intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
+               num_target_layers=config.get("num_target_layers", max(d.get("target_layer_ids") or [0]) + 1),
+               target_layer_ids=list(d.get("target_layer_ids") or []), mask_token_id=d.get("mask_token_id"),
+               num_hidden_layers=config["num_hidden_layers"],
+               block_size=d.get("block_size", config.get("block_size", 16)), causal=bool(d.get("causal", False)),
+               num_anchors=own.get("num_anchors", 64), loss_decay_gamma=own.get("loss_decay_gamma", 7.0),
+               rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=config.get("rope_theta", 1000000.0),
+               rope_scaling=config.get("rope_scaling"),
+               max_position_embeddings=config.get("max_position_embeddings", 2048), **extra)
+
+
+def layer_ids_from_export(config: dict) -> list[int]:
+    """The ENGINE layer ids (our convention) a DFlash export reads: dflash_config.target_layer_ids + 1."""
+    ids = (config.get("dflash_config") or {}).get("target_layer_ids")
+    if not ids:
+        raise ValueError("config.json has no dflash_config.target_layer_ids; a DFlash draft needs the target "
+                         "layers it was trained on")
+    return [int(i) + 1 for i in ids]
+
+
+def attach_target(model: DFlashDraft, draft: Any, *, embeddings: torch.Tensor,
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+    """Borrow the target's embeddings and lm_head (DFlash predicts the full target vocab)."""
+    lm_head, _ = head()
+    model.attach_target(embeddings, lm_head)
+
+
+def summarize(sums: dict[str, torch.Tensor]) -> dict:
+    """Per-position accuracy, accept length (mean tokens per block, anchor included) and counts."""
+    n = sums["pos_count"].double()
+    blocks = float(sums["valid_blocks"].sum())
+    return {"step_accuracy": (sums["pos_correct"].double() / n.clamp(min=1)).tolist(),
+            "prefix_rate": (sums["pos_prefix"].double() / n.clamp(min=1)).tolist(),
+            "accept_len": float(sums["accept_len_sum"].sum()) / max(blocks, 1.0),
+            "simulated_tau": float(sums["accept_len_sum"].sum()) / max(blocks, 1.0),
+            "positions": int(n.sum()), "blocks": int(blocks)}
+
+
+def scalars(summary: dict) -> dict[str, float]:
+    return {"accept_len": summary["accept_len"], "simulated_tau": summary["simulated_tau"],
+            **{f"acc{k + 1}": a for k, a in enumerate(summary["step_accuracy"])}}
+
+
+def describe(summary: dict) -> str:
+    accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"][:8])
+    return f"per-position accuracy [{accs}{' ...' if len(summary['step_accuracy']) > 8 else ''}]  " \
+           f"accept length {summary['accept_len']:.3f}"
+
+
+def load_exported(config: dict, state: dict[str, torch.Tensor], target_embeddings: Optional[torch.Tensor] = None,
+                  target_lm_head: Optional[torch.Tensor] = None, model_cls: Optional[type] = None,
+                  cfg: Optional[DFlashConfig] = None) -> DFlashDraft:
+    """An fp32 eval draft from an export (on-disk names); the target's embeddings and lm_head are borrowed
+    (``target_lm_head`` None: the embeddings, as for a tied target)."""
+    cfg = cfg or config_from_export(config)
+    model = (model_cls or DFlashDraft)(cfg)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit a {type(model).__name__}: missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]}; is this a {ARCH} checkpoint of this draftsmith?")
+    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items() if state[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"weight shapes do not fit config.json: {'; '.join(bad[:3])}")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    if target_embeddings is not None:
+        model.attach_target(target_embeddings.float(), (target_lm_head if target_lm_head is not None
+                                                        else target_embeddings).float())
+    return model.eval()
