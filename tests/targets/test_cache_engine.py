@@ -1,5 +1,6 @@
 """The cache engine against the hf engine that built its cache (CPU fp32, batch 1): same supervision
-bit for bit, same trained draft weights (eagle3, peagle), several epochs, and its refusals."""
+bit for bit (eagle3, dflash, dflash_kd), same trained draft weights (eagle3, peagle), several epochs,
+and its refusals."""
 
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from draftsmith.cache.build import build_cache  # noqa: E402
 from draftsmith.cache.store import CacheError  # noqa: E402
 from draftsmith.data.dataset import collate  # noqa: E402
 from draftsmith.targets import open_engine  # noqa: E402
-from draftsmith.targets.contract import TargetError, eagle3_supervision  # noqa: E402
+from draftsmith.targets.contract import SUPERVISION, TargetError, supervision_tensors  # noqa: E402
 from draftsmith.targets.hf import HFEngine  # noqa: E402
 from draftsmith.train.loop import Trainer, train  # noqa: E402
 
@@ -62,6 +63,25 @@ def test_supervision_equals_the_hf_engine_bitwise(built, tmp_path):
         assert not both.aux_hidden[b, T:].any() and not both.logits[b, T:].any()
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash_kd"])
+def test_dflash_supervision_equals_the_hf_engine_bitwise(built, tmp_path, kind):
+    """Engine ids [1, 2] (DFlash hook ids [0, 1]): id 1 is a cached aux layer, id L = 2 the stored
+    pre-norm state; dflash_kd's logits are rebuilt from that state, so any cache can serve them."""
+    target, data, cache = built
+    rows, pad = examples(target, data, tmp_path)
+    hf, ce = HFEngine(target), open_engine("cache", str(target), dtype="float32", cache_dir=str(cache))
+    batches = [collate([ex], pad) for ex in rows]
+    got = list(ce.supervision(kind, iter(batches), [1, 2]))  # no vocab map: the kind does not use one
+    ref = list(hf.supervision(kind, iter(batches), [1, 2]))
+    assert [b for b, _ in got] == batches
+    for (_, g), (_, r) in zip(got, ref):
+        assert type(g) is type(r) is SUPERVISION[kind].cls
+        gt, rt = supervision_tensors(g), supervision_tensors(r)
+        assert tuple(gt) == tuple(rt) == SUPERVISION[kind].tensor_names
+        for f in rt:
+            assert gt[f].dtype == rt[f].dtype and torch.equal(gt[f], rt[f]), f
+
+
 def test_refusals_name_the_setting_and_the_fix(built, tmp_path):
     target, data, cache = built
     rows, pad = examples(target, data, tmp_path)
@@ -71,6 +91,8 @@ def test_refusals_name_the_setting_and_the_fix(built, tmp_path):
     ce = open_engine("cache", str(target), dtype="float32", cache_dir=str(tmp_path / "only1"))
     one = collate(rows[:1], pad)
     assert ce.features(one, [2, 1], logits=False).aux_hidden.shape[2] == 2
+    (_, kd), = ce.supervision("dflash_kd", iter([one]), [1])  # logits come from id L, which every cache holds
+    assert kd.logits.shape == (*one.input_ids.shape, ce.info().vocab_size) and kd.logits.dtype == torch.float32
     with pytest.raises(TargetError, match=r"layer ids \[0\] are not in the cache .*holds \[1\] and 2"):
         ce.features(one, [0, 1], logits=False)
     with pytest.raises(CacheError, match="1 of 1 rows of this batch are not in the cache"):

@@ -8,9 +8,15 @@ import torch
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import (
     TargetError,
+    DFlashKDSupervision,
+    DFlashSupervision,
     default_aux_layer_ids,
+    dflash_ids_to_engine,
+    dflash_kd_supervision,
     dflash_layer_ids,
+    dflash_supervision,
     eagle3_supervision,
+    engine_ids_to_dflash,
     shift_left,
     validate_layer_ids,
 )
@@ -67,13 +73,53 @@ def test_validate_layer_ids_custom_key():
         validate_layer_ids([9], 4, key="dflash_config.target_layer_ids")
 
 
-def test_dflash_layer_ids():
-    # 1..27 in 4 steps of 6.5: 1, 1+round(6.5)=8, 1+13=14, 1+round(19.5)=21, 27
-    assert dflash_layer_ids(30, 5) == [1, 8, 14, 21, 27]
-    assert dflash_layer_ids(30, 1) == [14]
-    assert dflash_layer_ids(6, 3) == [1, 2, 3]
-    with pytest.raises(TargetError, match=r"dflash_config\.target_layer_ids"):
-        dflash_layer_ids(5, 3)  # 1..2 holds only 2 ids
+@pytest.mark.parametrize(
+    "L, n, expected",
+    [
+        # Reference hook ids round(1 + i * (L - 4) / (n - 1)), then + 1 for engine ids.
+        (36, 5, [2, 10, 18, 26, 34]),  # Qwen3-8B: hook [1, 9, 17, 25, 33] (step 8)
+        (30, 1, [16]),  # n == 1: hook [L // 2] = [15]
+        (30, 3, [2, 15, 28]),  # step 13: hook [1, 14, 27]
+        (30, 5, [2, 9, 15, 21, 28]),  # step 6.5: 1, round(7.5)=8, 14, round(20.5)=20 (half to even), 27
+        (6, 3, [2, 3, 4]),  # step 1: hook [1, 2, 3]
+        (1, 1, [1]),  # hook [0]: the only decoder layer's output = engine id L
+    ],
+)
+def test_dflash_layer_ids_are_engine_ids(L, n, expected):
+    assert dflash_layer_ids(L, n) == expected
+    assert engine_ids_to_dflash(expected, L) == [i - 1 for i in expected]
+
+
+def test_dflash_layer_ids_refusals():
+    with pytest.raises(TargetError, match=r"target\.aux_layer_ids: a 5-layer target has only 2 DFlash default layers"):
+        dflash_layer_ids(5, 3)  # hook 1..2 holds only 2 ids
+    with pytest.raises(TargetError, match=r"count 0 must be an integer >= 1"):
+        dflash_layer_ids(30, 0)
+
+
+def test_dflash_layer_ids_distinct_and_in_range_for_every_size():
+    for L in range(1, 80):
+        for n in range(1, max(L - 2, 2)):
+            ids = dflash_layer_ids(L, n)
+            assert len(ids) == len(set(ids)) == n and all(1 <= i <= L for i in ids), (L, n, ids)
+
+
+def test_dflash_id_conversions():
+    assert dflash_ids_to_engine([1, 9, 17, 25, 33]) == [2, 10, 18, 26, 34]
+    assert dflash_ids_to_engine([0]) == [1]
+    assert engine_ids_to_dflash([2, 10, 18, 26, 34], 36) == [1, 9, 17, 25, 33]
+    assert engine_ids_to_dflash([36, 1], 36) == [35, 0]  # order kept; id L = output of the last layer
+    assert engine_ids_to_dflash(dflash_ids_to_engine([4, 0, 7]), 8) == [4, 0, 7]
+    with pytest.raises(TargetError, match=r"^target\.aux_layer_ids: layer id 0 \(the embeddings\) in \[0, 3\] has no "
+                                          r"DFlash target_layer_ids equivalent; DFlash reads decoder-layer outputs, "
+                                          r"ids 1\.\.6: replace 0 with an id in 1\.\.6$"):
+        engine_ids_to_dflash([0, 3], 6)
+    with pytest.raises(TargetError, match=r"target\.aux_layer_ids: layer id 7 is out of range; valid ids are 0\.\.6"):
+        engine_ids_to_dflash([7], 6)
+    with pytest.raises(TargetError, match=r"dflash_config\.target_layer_ids: -1 is not a decoder-layer index"):
+        dflash_ids_to_engine([-1])
+    with pytest.raises(TargetError, match=r"dflash_config\.target_layer_ids: True is not"):
+        dflash_ids_to_engine([True])
 
 
 # ---------------------------------------------------------------- shift
@@ -181,6 +227,70 @@ def test_eagle3_supervision_needs_logits():
         eagle3_supervision(batch, Features(feats.aux_hidden, None), None)
 
 
+# ---------------------------------------------------------------- DFlash supervision
+def test_dflash_supervision_is_unshifted():
+    batch, feats = _hand_batch()
+    sup = dflash_supervision(batch, feats)
+    assert isinstance(sup, DFlashSupervision)
+    # Nothing moves: position t keeps the state after token t, token t and its loss mask.
+    assert sup.aux_hidden is feats.aux_hidden
+    assert sup.input_ids.dtype == torch.int64 and sup.input_ids.tolist() == [[10, 11, 12, 13, 14]]
+    assert sup.loss_mask.tolist() == [[1, 1, 0, 1, 1]]
+    assert torch.equal(sup.input_ids, batch.input_ids) and torch.equal(sup.loss_mask, batch.loss_mask)
+    # Logits are not part of this kind; features without them work.
+    again = dflash_supervision(batch, Features(feats.aux_hidden, None))
+    assert torch.equal(again.aux_hidden, sup.aux_hidden) and not hasattr(again, "logits")
+
+
+def test_dflash_kd_supervision_keeps_logits_unshifted_in_their_dtype():
+    batch, feats = _hand_batch()
+    logits = feats.logits.to(torch.bfloat16)  # (1, 5, 5)
+    sup = dflash_kd_supervision(batch, Features(feats.aux_hidden, logits))
+    assert isinstance(sup, DFlashKDSupervision)
+    assert sup.logits.dtype == torch.bfloat16  # not upcast
+    assert torch.equal(sup.logits, logits)  # row t = the target's distribution for token t + 1, unshifted
+    assert sup.logits[0, 3].argmax().item() == 1 and sup.logits[0, 0, 4].item() == 7.0  # hand rows 3 and 0
+    assert torch.equal(sup.aux_hidden, feats.aux_hidden)
+    assert sup.input_ids.tolist() == [[10, 11, 12, 13, 14]] and sup.loss_mask.tolist() == [[1, 1, 0, 1, 1]]
+
+
+def test_dflash_kd_supervision_needs_logits():
+    batch, feats = _hand_batch()
+    with pytest.raises(TargetError, match=r"features\.logits is None; dflash_kd supervision .*logits=True"):
+        dflash_kd_supervision(batch, Features(feats.aux_hidden, None))
+
+
+def test_dflash_supervision_refuses_features_of_another_batch():
+    batch, feats = _hand_batch()
+    with pytest.raises(TargetError, match=r"dflash supervision: features\.aux_hidden has shape \(1, 4, 2, 3\), "
+                                          r"the batch is \(1, 5\)"):
+        dflash_supervision(batch, Features(feats.aux_hidden[:, :4], None))
+    with pytest.raises(TargetError, match=r"dflash_kd supervision: features\.logits has shape \(1, 3, 5\)"):
+        dflash_kd_supervision(batch, Features(feats.aux_hidden, feats.logits[:, :3]))
+
+
+@pytest.mark.parametrize("kind, cls, logits, names", [
+    ("dflash", DFlashSupervision, False, ("aux_hidden", "input_ids", "loss_mask")),
+    ("dflash_kd", DFlashKDSupervision, True, ("aux_hidden", "input_ids", "loss_mask", "logits")),
+])
+def test_dflash_kinds_round_trip_through_tensors(kind, cls, logits, names):
+    from draftsmith.targets.contract import SUPERVISION, supervise, supervision_from_tensors, supervision_tensors
+
+    k = SUPERVISION[kind]
+    assert k.cls is cls and k.logits is logits and k.vocab is False and k.tensor_names == names
+    batch, feats = _hand_batch()
+    sup = supervise(kind, batch, feats, torch.tensor([0, 2, 3]))  # a vocab-free kind ignores the map
+    ref = k.build(batch, feats)
+    tensors = supervision_tensors(sup)
+    assert tuple(tensors) == names
+    back = supervision_from_tensors(kind, {n: t.clone() for n, t in tensors.items()})
+    assert type(back) is cls
+    for name, t in supervision_tensors(ref).items():
+        assert getattr(back, name).dtype == t.dtype and torch.equal(getattr(back, name), t), name
+    with pytest.raises(TargetError, match=rf"{kind} supervision: got tensors .*expected \['aux_hidden'"):
+        supervision_from_tensors(kind, {**tensors, "target_probs": sup.aux_hidden})
+
+
 # ---------------------------------------------------------------- supervision kinds, layer-id rules
 def test_supervision_table_names_the_wire_tensors():
     from dataclasses import fields
@@ -204,14 +314,16 @@ def test_supervise_round_trips_through_tensors_and_rejects_bad_names():
         assert torch.equal(getattr(back, name), t), name
     with pytest.raises(TargetError, match=r"eagle3 supervision: got tensors .*expected \['aux_hidden'"):
         supervision_from_tensors("eagle3", {"aux_hidden": sup.aux_hidden})
-    with pytest.raises(TargetError, match=r"supervision kind 'dflash' is unknown; expected one of \['eagle3'\]"):
-        supervise("dflash", batch, feats, None)
+    with pytest.raises(TargetError, match=r"supervision kind 'medusa' is unknown; "
+                                          r"expected one of \['dflash', 'dflash_kd', 'eagle3'\]"):
+        supervise("medusa", batch, feats, None)
 
 
 def test_default_layer_ids_by_rule():
     from draftsmith.targets.contract import default_layer_ids
 
     assert default_layer_ids("eagle3", 30) == default_aux_layer_ids(30) == [2, 15, 27]
-    assert default_layer_ids("dflash", 30, 5) == dflash_layer_ids(30, 5)
+    assert default_layer_ids("dflash", 30, 5) == dflash_layer_ids(30, 5) == [2, 9, 15, 21, 28]
+    assert default_layer_ids("dflash", 30) == [16]  # no count: one layer
     with pytest.raises(TargetError, match="layer-id rule 'medusa' is unknown"):
         default_layer_ids("medusa", 30)

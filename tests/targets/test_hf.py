@@ -13,7 +13,8 @@ except ImportError:  # until the lead's conftest puts tests/ on sys.path
     import fixtures
 
 from draftsmith.targets import Batch, open_engine
-from draftsmith.targets.contract import TargetError, eagle3_supervision, shift_left
+from draftsmith.targets.contract import (TargetError, dflash_ids_to_engine, dflash_layer_ids, eagle3_supervision,
+                                        shift_left)
 from draftsmith.targets.hf import HFEngine
 
 L = 3  # decoder layers of the tiny target
@@ -180,3 +181,34 @@ def test_colocated_supervision_stream_uses_the_vocab_map(engine):
             assert torch.equal(sup.target_probs, ref.target_probs) and torch.equal(sup.position_mask, ref.position_mask)
     with pytest.raises(TargetError, match="supervision kind 'nope' is unknown"):
         next(engine.supervision("nope", iter(batches), [1, 3]))
+
+
+def test_dflash_kinds_read_decoder_layer_outputs_unshifted(engine):
+    """DFlash hook id j (output of decoder layer j) is engine id j + 1; nothing is shifted; kd keeps logits."""
+    batch = _batch(engine.info().vocab_size, seed=5)
+    outs = _layer_outputs(engine.model, batch)  # outs[j] = output of decoder layer j, (B, S, H)
+    hook_ids = [0, 2, 1]
+    ids = dflash_ids_to_engine(hook_ids)
+    assert ids == [1, 3, 2] and dflash_layer_ids(L, 1) == [2]  # L = 3: hook [L // 2] = [1]
+    engine.set_vocab_map(torch.arange(0, engine.info().vocab_size, 5))  # ignored by vocab-free kinds
+    (b, sup), = engine.supervision("dflash", iter([batch]), ids)
+    (_, kd), = engine.supervision("dflash_kd", iter([batch]), ids)
+    assert b is batch and not hasattr(sup, "logits")
+    torch.testing.assert_close(sup.aux_hidden, torch.stack([outs[j] for j in hook_ids], dim=2), rtol=0, atol=0)
+    assert torch.equal(sup.input_ids, batch.input_ids) and torch.equal(sup.loss_mask, batch.loss_mask)
+    with torch.no_grad():
+        raw = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    assert kd.logits.dtype == raw.logits.dtype and torch.equal(kd.logits, raw.logits)  # unshifted
+    assert torch.equal(kd.aux_hidden, sup.aux_hidden) and torch.equal(kd.input_ids, batch.input_ids)
+    engine.set_vocab_map(None)
+
+
+def test_dflash_kd_logits_stay_in_the_engine_dtype(tiny):
+    eng = HFEngine(tiny, dtype="bfloat16")
+    try:
+        batch = _batch(eng.info().vocab_size)
+        (_, kd), = eng.supervision("dflash_kd", iter([batch]), [1, L])
+        assert kd.logits.dtype == kd.aux_hidden.dtype == torch.bfloat16  # no float32 (B, S, V) copy
+        assert kd.logits.shape == (*batch.input_ids.shape, eng.info().vocab_size)
+    finally:
+        eng.close()

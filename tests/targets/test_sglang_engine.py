@@ -12,7 +12,7 @@ import torch
 
 import fixtures
 from draftsmith.targets import Batch
-from draftsmith.targets.contract import TargetError, eagle3_supervision
+from draftsmith.targets.contract import TargetError, dflash_ids_to_engine, eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.targets.sglang import SGLangEngine, check_available, sglang_capture_ids
 
@@ -94,6 +94,27 @@ def test_fake_runner_features_and_supervision_equal_hf(target):
     assert torch.equal(eng.lm_head_weight(), hf.lm_head_weight())
     assert torch.equal(eng.final_norm_weight(), hf.final_norm_weight())
     assert eng.info() == hf.info()
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash_kd"])
+def test_fake_runner_dflash_supervision_equals_hf(target, kind):
+    """Runner engines serve the vocab-free DFlash kinds through Engine.supervision like hf (real positions)."""
+    hf, fake = HFEngine(target), FakeRunner(target)
+    eng = SGLangEngine(target, runner=fake)
+    b = _batch(hf.info().vocab_size)
+    ids = dflash_ids_to_engine([1, 3])  # outputs of decoder layers 1 and 3 = engine ids [2, L]
+    (_, got), = eng.supervision(kind, iter([b]), ids)
+    (_, ref), = hf.supervision(kind, iter([b]), ids)
+    assert fake.capture == [2, L]  # id L is requested anyway; dflash_kd rebuilds logits from it
+    real = b.attention_mask.bool()
+    assert torch.equal(got.input_ids, b.input_ids) and torch.equal(got.loss_mask, b.loss_mask)
+    torch.testing.assert_close(got.aux_hidden[real], ref.aux_hidden[real], atol=1e-5, rtol=1e-5)
+    if kind == "dflash_kd":
+        assert got.logits.dtype == ref.logits.dtype == torch.float32
+        torch.testing.assert_close(got.logits[real], ref.logits[real], atol=1e-5, rtol=1e-5)
+        assert got.logits[~real].abs().sum() == 0  # nothing ran on pads
+    else:
+        assert not hasattr(got, "logits")
 
 
 def test_capture_layers_are_set_once_and_without_logits_id_L_is_not_captured(target):

@@ -6,7 +6,8 @@ training targets lives once in :mod:`draftsmith.targets.contract`.
 
 Layer ids follow the vLLM convention everywhere (config, CLI, wire): id ``i`` is the residual stream
 after ``i`` decoder layers, ``0`` is the embedding output and ``L`` is the last layer's output
-*before* the final norm.
+*before* the final norm. DFlash checkpoints count decoder-layer outputs instead (their id ``j`` is our
+``j + 1``); :mod:`draftsmith.targets.contract` converts at that boundary only.
 
 Heavy engine modules (vllm, sglang) are imported only by :func:`open_engine`, never at import time.
 """

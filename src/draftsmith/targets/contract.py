@@ -1,20 +1,37 @@
 """Supervision math shared by every engine (pure torch, no I/O).
 
-Whatever engine ran the target (hf, vllm, sglang, remote), its :class:`~draftsmith.targets.Features`
-become draft training targets here, so the shift semantics and layer-id defaults exist exactly once.
+Whatever engine ran the target (hf, vllm, sglang, remote, cache), its
+:class:`~draftsmith.targets.Features` become draft training targets here, so the shift semantics and
+layer-id defaults exist exactly once.
 
-Supervision kinds (:data:`SUPERVISION`): each draft family names the kind it learns from (``eagle3``
-today; DFlash's unshifted kind next). A kind is a dataclass whose field names are also the tensor
-names on the remote wire, a builder ``(batch, features, draft_ids) -> dataclass`` and two flags
-(does it need logits, does it use the draft-vocab map).
+Supervision kinds (:data:`SUPERVISION`): each draft family names the kind it learns from. A kind is a
+dataclass whose field names are also the tensor names on the remote wire, a builder
+``(batch, features[, draft_ids]) -> dataclass`` and two flags (does it need logits, does it use the
+draft-vocab map):
 
-Layer ids follow the vLLM convention: id ``i`` is the residual stream after ``i`` decoder layers,
-``0`` is the embedding output and ``L`` is the last layer's output before the final norm.
+    eagle3     shifted, draft-vocab target probs (EAGLE-3, P-EAGLE)
+    dflash     unshifted aux states, ids and loss mask (DFlash family; offsets such as Domino's
+               shift_label are applied by the draft, never here)
+    dflash_kd  dflash plus the target's full-vocab logits, unshifted, in the engine's dtype (JetSpec KD)
+
+Layer ids follow the vLLM convention (our *engine ids*): id ``i`` is the residual stream after ``i``
+decoder layers, ``0`` is the embedding output and ``L`` is the last layer's output before the final
+norm. DFlash checkpoints (``dflash_config.target_layer_ids``) use the HF-hook convention instead: id
+``j`` is the output of decoder layer ``j`` (0-based), i.e. HF ``hidden_states[j + 1]``, i.e. engine id
+``j + 1``. vLLM reads those files the same way (``i + 1 for i in dflash_config.target_layer_ids``).
+So DFlash hook ids ``0..L-1`` are engine ids ``1..L``; the embeddings (engine id 0) have no DFlash id.
+:func:`dflash_layer_ids` returns engine ids; :func:`dflash_ids_to_engine` and
+:func:`engine_ids_to_dflash` convert at the checkpoint boundary. Qwen3-8B (L = 36), 5 ids: hook ids
+``[1, 9, 17, 25, 33]`` = engine ids ``[2, 10, 18, 26, 34]``.
 
 EAGLE-3 shift (one position): draft slot ``t`` reads ``(aux_t, embed(token_{t+1}))`` and learns the
 target's distribution for ``token_{t+2}``, which is the target's logits at position ``t+1``. So aux
 hidden states stay unshifted while ``input_ids``, ``loss_mask`` and logits shift left by one, with a
 zero tail for the last slot (it has no next token).
+
+DFlash has no shift at all: it uses same-position alignment (block position ``k`` after an anchor
+predicts the token at ``anchor + k``) and its block mask handles anchors, so everything stays at the
+position it came from. Logits row ``t`` is the target's distribution for token ``t+1``.
 """
 
 from __future__ import annotations
@@ -88,17 +105,60 @@ def validate_layer_ids(ids: Sequence[int], num_layers: int, *, key: str = "targe
 
 
 def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
-    """``n`` DFlash context layer ids evenly spaced over ``1..L-3`` (endpoints included)."""
+    """DFlash's default ``n`` context layers of an ``L``-layer target, as ENGINE ids (``1..L``).
+
+    The reference rule (``build_target_layer_ids(L, n)`` of DFlash / SpecForge / speculators) picks
+    HF-hook ids (output of decoder layer ``j``): ``[L // 2]`` when n == 1, else
+    ``round(1 + i * (L - 4) / (n - 1))`` for i = 0..n-1 with Python's round (half to even), evenly
+    spaced over hook ids ``1..L-3``. Hook id ``j`` is engine id ``j + 1``, so this returns those plus
+    one: L = 36, n = 5 -> hook ``[1, 9, 17, 25, 33]`` -> ``[2, 10, 18, 26, 34]``. Write them back to
+    a checkpoint with :func:`engine_ids_to_dflash`.
+    """
     L = int(num_layers)
-    if n < 1:
-        raise TargetError(f"dflash_config.num_target_layers: {n} must be >= 1")
-    hi = L - 3
-    if hi < n:  # 1..hi holds hi ids
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TargetError(f"DFlash target layers: the count {n!r} must be an integer >= 1 "
+                          f"(one id per context layer the draft reads)")
+    if n == 1:
+        if L < 1:
+            raise TargetError(f"target.aux_layer_ids: a {L}-layer target has no decoder layer for DFlash to read")
+        hook = [L // 2]
+    else:
+        start, end = 1, L - 3
+        if end - start + 1 < n:  # a step below 1 would repeat ids
+            raise TargetError(
+                f"target.aux_layer_ids: a {L}-layer target has only {max(end, 0)} DFlash default layers "
+                f"(decoder outputs 1..{end}) for {n} ids; set target.aux_layer_ids explicitly "
+                f"({n} distinct engine ids in 1..{L})"
+            )
+        span = end - start
+        hook = [int(round(start + (i * span) / (n - 1))) for i in range(n)]
+    return dflash_ids_to_engine(hook)
+
+
+def dflash_ids_to_engine(ids: Sequence[int]) -> list[int]:
+    """DFlash ``dflash_config.target_layer_ids`` (output of decoder layer ``j``) -> engine ids ``j + 1``."""
+    out = []
+    for v in ids:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise TargetError(f"dflash_config.target_layer_ids: {v!r} is not a decoder-layer index; "
+                              f"use integers >= 0 (output of decoder layer j, 0-based)")
+        out.append(v + 1)
+    return out
+
+
+def engine_ids_to_dflash(ids: Sequence[int], num_layers: int) -> list[int]:
+    """Engine ids ``1..L`` -> DFlash ``dflash_config.target_layer_ids`` ``i - 1`` (for checkpoints).
+
+    Engine id 0 is the embedding output, which no decoder layer produces, so it is refused.
+    """
+    L = int(num_layers)
+    ids = validate_layer_ids(ids, L)
+    if 0 in ids:
         raise TargetError(
-            f"dflash_config.target_layer_ids: a {L}-layer target has only {max(hi, 0)} ids in 1..{hi} "
-            f"for {n} layers; set dflash_config.target_layer_ids explicitly (ids in 0..{L})"
+            f"target.aux_layer_ids: layer id 0 (the embeddings) in {ids} has no DFlash target_layer_ids "
+            f"equivalent; DFlash reads decoder-layer outputs, ids 1..{L}: replace 0 with an id in 1..{L}"
         )
-    return _spread(1, hi, n)
+    return [i - 1 for i in ids]
 
 
 # Default target layer ids by rule name (a draft family names its rule, see drafts/__init__.py):
@@ -195,6 +255,79 @@ def eagle3_supervision(batch: "Batch", features: "Features", draft_ids: Optional
     )
 
 
+@dataclass
+class DFlashSupervision:
+    """DFlash training inputs for one batch, all UNSHIFTED (block position k predicts token anchor+k).
+
+    aux_hidden: (B, S, n, H) target states at the requested engine ids, UNSHIFTED (state after token t)
+    input_ids:  (B, S) int64, token t, UNSHIFTED
+    loss_mask:  (B, S) loss mask of token t (1 on assistant tokens), UNSHIFTED, the batch's dtype
+    """
+
+    aux_hidden: Tensor
+    input_ids: Tensor
+    loss_mask: Tensor
+
+
+@dataclass
+class DFlashKDSupervision:
+    """JetSpec (DFlash with knowledge distillation) training inputs for one batch, all UNSHIFTED.
+
+    aux_hidden: (B, S, n, H) as in :class:`DFlashSupervision`
+    input_ids:  (B, S) int64, token t
+    loss_mask:  (B, S) loss mask of token t
+    logits:     (B, S, V) the target's full-vocab logits in the engine's dtype (not upcast): row t is the
+                target's distribution for token t+1, so the teacher of block position k is row anchor+k-1
+    """
+
+    aux_hidden: Tensor
+    input_ids: Tensor
+    loss_mask: Tensor
+    logits: Tensor
+
+
+def _same_positions(kind: str, batch: "Batch", name: str, t: Tensor) -> None:
+    """Refuse features whose (B, S) does not match the batch's (an engine bug, not a setting)."""
+    if tuple(t.shape[:2]) != tuple(batch.input_ids.shape):
+        raise TargetError(f"{kind} supervision: {name} has shape {tuple(t.shape)}, the batch is "
+                          f"{tuple(batch.input_ids.shape)}; the engine returned features for another batch")
+
+
+def dflash_supervision(batch: "Batch", features: "Features") -> DFlashSupervision:
+    """DFlash supervision: aux states, ids and loss mask exactly as they are, with NO shift.
+
+    DFlash uses same-position alignment (block position k predicts the token at anchor + k; the
+    draft's block mask handles anchors), so nothing moves. SpecForge once applied an EAGLE-style
+    shift here, which was a bug (SpecForge PR #472). ``features.logits`` is ignored. The tensors are
+    the batch's and the features' own (moved to the aux states' device; no copy when already there).
+    """
+    aux = features.aux_hidden  # (B, S, n, H)
+    _same_positions("dflash", batch, "features.aux_hidden", aux)
+    return DFlashSupervision(
+        aux_hidden=aux,
+        input_ids=batch.input_ids.to(device=aux.device, dtype=torch.int64),  # (B, S)
+        loss_mask=batch.loss_mask.to(aux.device),  # (B, S)
+    )
+
+
+def dflash_kd_supervision(batch: "Batch", features: "Features") -> DFlashKDSupervision:
+    """JetSpec KD supervision: :func:`dflash_supervision` plus the target's logits, all UNSHIFTED.
+
+    The logits keep the engine's dtype (bf16 targets give bf16 logits; no (B, S, V) float32 copy is
+    made here): the draft gathers only the rows its blocks need (anchor .. anchor + bs - 2) and upcasts
+    those. Pad positions (attention_mask 0) hold whatever the engine returned there (zeros for runner
+    and cache engines, the model's output for hf); loss_mask is 0 on them.
+    """
+    if features.logits is None:
+        raise TargetError("features.logits is None; dflash_kd supervision (JetSpec's KD teacher) needs the engine "
+                          "to return logits=True (Engine.supervision('dflash_kd', ...) asks for them)")
+    base = dflash_supervision(batch, features)
+    logits = features.logits  # (B, S, V), engine dtype
+    _same_positions("dflash_kd", batch, "features.logits", logits)
+    return DFlashKDSupervision(aux_hidden=base.aux_hidden, input_ids=base.input_ids.to(logits.device),
+                               loss_mask=base.loss_mask.to(logits.device), logits=logits)
+
+
 # ---------------------------------------------------------------------------------- supervision kinds
 @dataclass(frozen=True)
 class SupervisionKind:
@@ -217,6 +350,8 @@ class SupervisionKind:
 
 SUPERVISION: dict[str, SupervisionKind] = {
     "eagle3": SupervisionKind("eagle3", Eagle3Supervision, eagle3_supervision, logits=True, vocab=True),
+    "dflash": SupervisionKind("dflash", DFlashSupervision, dflash_supervision, logits=False, vocab=False),
+    "dflash_kd": SupervisionKind("dflash_kd", DFlashKDSupervision, dflash_kd_supervision, logits=True, vocab=False),
 }
 
 
