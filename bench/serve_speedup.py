@@ -1,10 +1,12 @@
-"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` vs draftsmith drafts (EAGLE-3, P-EAGLE).
+"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` vs draftsmith drafts (EAGLE-3, P-EAGLE, DFlash, JetSpec).
 
     .venv/bin/python bench/serve_speedup.py [--draft runs/demo/checkpoints/LATEST] [-k 1 3] [--prompts N] [--max-tokens M]
     .venv/bin/python bench/serve_speedup.py --draft eagle3=runs/e3 --draft peagle=runs/pe -k 1 3 5 7
+    .venv/bin/python bench/serve_speedup.py --draft eagle3=runs/e3 --draft dflash=runs/df@3,7,15 -k 1 3
 
-Each `--draft` (a path, or NAME=PATH to label it) is served at every K; its family (chain EAGLE-3 or
-parallel P-EAGLE) comes from its config.json, exactly as `draftsmith serve vllm` resolves it.
+Each `--draft` (a path, or NAME=PATH to label it) is served at every K (or at its own list, PATH@K,K);
+its family (chain EAGLE-3, parallel P-EAGLE, block DFlash/JetSpec) comes from its config.json, exactly
+as `draftsmith serve vllm` resolves it.
 
 One vLLM OpenAI server per configuration, the same target (SmolLM2-135M-Instruct, models.smollm2()),
 the same prompts sent one at a time (batch 1), greedy. Per configuration: output tokens/s over all
@@ -35,8 +37,9 @@ from draftsmith.eval.speedup import (best_by_kind, describe_prompt_set, measure,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--draft", action="append", default=None, metavar="[NAME=]PATH",
-                    help="a draft checkpoint (repeatable; default runs/demo/checkpoints/LATEST)")
+    ap.add_argument("--draft", action="append", default=None, metavar="[NAME=]PATH[@K,K...]",
+                    help="a draft checkpoint (repeatable; default runs/demo/checkpoints/LATEST); @K,K... gives it "
+                         "its own K list instead of -k (e.g. a DFlash block draft: dflash=runs/df@3,7,15)")
     ap.add_argument("--target", default="smollm2")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--prompt-set", default="mt_bench", help="mt_bench | gsm8k | humaneval | mixed | a prompt file")
@@ -77,15 +80,22 @@ def main() -> int:
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import ServeError, resolve_draft
 
-    drafts = {}  # label -> resolved draft
+    drafts, draft_ks = {}, {}  # label -> resolved draft, label -> its own K list
     for spec in args.draft or [str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST")]:
         label, _, path = spec.rpartition("=")
+        path, at, klist = path.partition("@")
+        try:
+            own = [int(k) for k in klist.split(",")] if at else None
+        except ValueError:
+            ap.error(f"--draft {spec}: the K list after @ must be integers separated by commas, e.g. @3,7,15")
         try:
             d = resolve_draft(path)
         except ServeError as e:
             print(f"serve_speedup: {e}\n(train the demo draft first: `draftsmith demo`)", file=sys.stderr)
             return 2
         drafts[label or d.family] = d
+        if own:
+            draft_ks[label or d.family] = own
     target = resolve_target(args.target)
     tok = AutoTokenizer.from_pretrained(target)
     source = args.prompt_set
@@ -104,7 +114,7 @@ def main() -> int:
 
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
-                          preload=preload, progress=show, ngram_ks=args.ngram_k)
+                          preload=preload, progress=show, ngram_ks=args.ngram_k, draft_ks=draft_ks)
     except (EvalError, ServeError) as e:
         print(f"serve_speedup: {e}", file=sys.stderr)
         return 2

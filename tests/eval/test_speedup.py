@@ -27,6 +27,11 @@ def test_configurations_baseline_first_then_per_k_ngram_and_each_draft():
     assert [c["name"] for c in configurations(["d"], [2], ngram=False)] == ["none", "d K=2"]
     # the demo's check: ngram at its own K, the draft at others, in K order
     assert [c["name"] for c in configurations(["d"], [1, 2], ngram_ks=[3])] == ["none", "d K=1", "d K=2", "ngram K=3"]
+    # a block draft at its own K list, a chain at -k's
+    names = [c["name"] for c in configurations(["e3", "df"], [1, 3], draft_ks={"df": [3, 15]})]
+    assert names == ["none", "ngram K=1", "e3 K=1", "ngram K=3", "e3 K=3", "df K=3", "df K=15"]
+    with pytest.raises(EvalError, match="draft 'df': K 0 must be an integer >= 1"):
+        configurations(["df"], [1], draft_ks={"df": [0]})
 
 
 @pytest.mark.parametrize("labels, ks, msg", [

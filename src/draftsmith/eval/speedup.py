@@ -60,9 +60,11 @@ def describe_prompt_set(prompt_set: str | os.PathLike, n: int) -> str:
 
 
 def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: bool = True,
-                   ngram_ks: Optional[Sequence[int]] = None) -> list[dict]:
+                   ngram_ks: Optional[Sequence[int]] = None,
+                   draft_ks: Optional[dict[str, Sequence[int]]] = None) -> list[dict]:
     """What :func:`measure` runs, in order: no speculation, then per K ngram and each draft.
     ``ngram_ks`` (default ``ks``) are the K ngram runs at, when it should differ from the drafts'.
+    ``draft_ks`` gives a draft its own K list (a block draft's useful K, e.g. 3, 7, 15, is not a chain's).
 
     Each entry: ``{"name", "kind": "none"|"ngram"|"draft", "label", "k"}``; ``label`` is "none",
     "ngram" or the draft's label (what :func:`best_by_kind` groups by).
@@ -74,13 +76,17 @@ def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: boo
     if taken:
         raise EvalError(f"drafts: label {taken[0]!r} is reserved for a baseline; name the draft otherwise "
                         "(e.g. eagle3=PATH)")
+    own = {lb: list((draft_ks or {}).get(lb) or ks) for lb in draft_labels}
+    bad = [(lb, k) for lb, kl in own.items() for k in kl if not isinstance(k, int) or isinstance(k, bool) or k < 1]
+    if bad:
+        raise EvalError(f"draft {bad[0][0]!r}: K {bad[0][1]!r} must be an integer >= 1")
     out = [{"name": "none", "kind": "none", "label": "none", "k": 0}]
     ngram_ks = list(ks) if ngram_ks is None else list(ngram_ks)
-    for k in sorted(set(ks) | set(ngram_ks if ngram else [])):
+    every = set(ngram_ks if ngram else []).union(*own.values()) if own else set(ngram_ks if ngram else ks)
+    for k in sorted(every):
         if ngram and k in ngram_ks:
             out.append({"name": f"ngram K={k}", "kind": "ngram", "label": "ngram", "k": k})
-        if k in ks:
-            out += [{"name": f"{lb} K={k}", "kind": "draft", "label": lb, "k": k} for lb in draft_labels]
+        out += [{"name": f"{lb} K={k}", "kind": "draft", "label": lb, "k": k} for lb in draft_labels if k in own[lb]]
     return out
 
 
@@ -141,7 +147,8 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
             *, dtype: str = "float32", ngram: bool = True, log_dir: str | os.PathLike = ".", preload: str = "",
             progress: Optional[Callable[[dict], None]] = None, max_model_len: int = 2048,
             extra: Sequence[str] = ("--enforce-eager", "--seed", "0"), env: Optional[dict] = None,
-            ready_s: float = 600.0, ngram_ks: Optional[Sequence[int]] = None) -> list[dict]:
+            ready_s: float = 600.0, ngram_ks: Optional[Sequence[int]] = None,
+            draft_ks: Optional[dict[str, Sequence[int]]] = None) -> list[dict]:
     """Serve ``target`` once per configuration (:func:`configurations`) and time the same prompts on each.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`),
@@ -160,7 +167,7 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
         i, n = too_long[0]
         raise EvalError(f"prompts[{i}]: {n} tokens + max_tokens {max_tokens} > max_model_len {max_model_len}; "
                         "use shorter prompts, a smaller max_tokens or a larger max_model_len")
-    configs = configurations(list(drafts), list(ks), ngram=ngram, ngram_ks=ngram_ks)
+    configs = configurations(list(drafts), list(ks), ngram=ngram, ngram_ks=ngram_ks, draft_ks=draft_ks)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     common = dict(dtype=dtype, max_model_len=max_model_len, extra=list(extra))
