@@ -116,3 +116,88 @@ def test_engine_flag_overrides_config_and_unavailable_engine_fails_first(tmp_pat
     cfg = write_config(tmp_path, target, [tmp_path / "missing.jsonl"])
     code, err = run(capsys, "train", str(cfg), "--engine", "sglang", "--no-progress")
     assert code == EXIT_BAD_INPUT and "\n" not in err and "sglang" in err.lower(), err
+
+
+# ---------------------------------------------------------------------------------- DFlash family
+MASK = 5  # <|start_header_id|>: never in chatml text
+
+
+def write_dflash_config(root, target, sources, draft_type="dflash", out="out"):
+    """A tiny DFlash run on the 4-layer target: one draft layer reads the default id (engine 3)."""
+    cfg = root / f"{draft_type}.yaml"
+    cfg.write_text(json.dumps({
+        "target": {"path": str(target)},
+        "data": {"sources": [str(s) for s in sources], "max_length": 48, "eval_size": 1},
+        "draft": {"type": draft_type, "mask_token_id": MASK, "block_size": 4, "num_draft_layers": 1, "num_anchors": 4},
+        "train": {"max_steps": 2, "num_threads": 1},
+        "output": {"dir": str(root / out), "tensorboard": False},
+    }))
+    return cfg
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_threads():
+    """train.num_threads: 1 sets torch's global thread count; give the rest of the session its own back."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def dflash_ckpt(tmp_path_factory, target):
+    root = tmp_path_factory.mktemp("dflash")
+    cfg = write_dflash_config(root, target, [chats(root)])
+    assert main(["train", str(cfg), "--no-progress"]) == 0
+    return root / "out" / "checkpoints" / "epoch_0_step_2"
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("draft.block_size=1", ["'draft.block_size' = 1", "expected an integer >= 2"]),
+    ("draft.mask_token_id=384", ["draft.mask_token_id=384", "0..383"]),  # the tiny target's vocab is 384
+    ("target.aux_layer_ids=[1, 99]", ["target.aux_layer_ids", "layer id 99", "ids are 1..4"]),
+    ("target.aux_layer_ids=[0, 3]", ["target.aux_layer_ids", "layer id 0", "ids are 1..4", "embeddings"]),
+])
+def test_dflash_bad_values_are_one_line_errors(tmp_path, capsys, target, override, needles):
+    cfg = write_dflash_config(tmp_path, target, [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--no-progress", "--set", override), *needles)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_dflash_checkpoint_records_its_block_facts(dflash_ckpt):
+    meta = json.loads((dflash_ckpt / "meta.json").read_text())
+    assert meta["draft_type"] == "dflash" and meta["aux_layer_ids"] == [3]
+    assert (meta["block_size"], meta["mask_token_id"], meta["target_layer_ids"]) == (4, MASK, [2])
+
+
+def test_dflash_resume_with_another_mask_token_is_refused(tmp_path, capsys, target, dflash_ckpt):
+    cfg = write_dflash_config(tmp_path, target, [chats(tmp_path)])
+    assert_one_line(*run(capsys, "train", str(cfg), "--resume", str(dflash_ckpt), "--no-progress",
+                         "--set", f"draft.mask_token_id={MASK + 1}"),
+                    "draft's config changed", f"dflash_config.mask_token_id {MASK} -> {MASK + 1}")
+
+
+@pytest.mark.parametrize("with_type", [True, False])
+def test_an_eagle3_run_refuses_a_dflash_checkpoint(tmp_path, capsys, target, dflash_ckpt, with_type):
+    import shutil
+
+    ckpt = dflash_ckpt
+    if not with_type:  # a checkpoint from before meta.json named its family: classified by config.json
+        ckpt = tmp_path / dflash_ckpt.name
+        shutil.copytree(dflash_ckpt, ckpt)
+        meta = json.loads((ckpt / "meta.json").read_text())
+        del meta["draft_type"]
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+    cfg = write_config(tmp_path, target, [chats(tmp_path)])  # an EAGLE-3 run
+    assert_one_line(*run(capsys, "train", str(cfg), "--resume", str(ckpt), "--no-progress"),
+                    "a dflash checkpoint cannot resume a draft.type eagle3 run", "draft.type: dflash")
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle"])
+def test_serve_vllm_refuses_an_eagle_method_for_a_dflash_checkpoint(capsys, target, dflash_ckpt, method):
+    args = ["serve", "vllm", "--target", str(target), "--draft", str(dflash_ckpt), "--print-only"]
+    code, err = run(capsys, *args, "--method", method)
+    assert_one_line(code, err, f"--method {method}", "dflash-family draft", "--method dflash")
+    assert main(args) == 0  # its own method is the default
+    assert '"method": "dflash"' in capsys.readouterr().out

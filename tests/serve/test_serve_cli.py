@@ -103,6 +103,20 @@ def test_bad_input_exits_2_in_one_line(tmp_path, capsys, args, needle, launched)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and launched == []
 
 
+@pytest.mark.parametrize("kind,method,own", [("dflash", "eagle3", "dflash"), ("jetspec", "eagle", "dflash"),
+                                             ("eagle3", "dflash", "eagle3"), ("peagle", "dflash", "eagle3")])
+def test_a_method_of_the_other_family_exits_2_before_anything_is_written(tmp_path, capsys, launched, kind, method, own):
+    # vLLM would build the other method's model class over these weights: refused, print-only or not
+    draft = sc.make(kind, tmp_path)
+    before = sc.tree_digest(tmp_path)
+    for extra in (["--print-only"], []):
+        code, out, err = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(draft), "--method", method,
+                             "--num-speculative-tokens", "3", *extra)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"--method {method}" in err and f"vLLM serves with method {own}" in err
+    assert sc.tree_digest(tmp_path) == before and launched == []
+
+
 def test_real_launch_gets_the_exact_argv_and_the_export(tmp_path, capsys, launched):
     draft = sc.make("eagle3", tmp_path)
     code, _, _ = run(capsys, "serve", "vllm", "--target", "/models/t", "--draft", str(draft), "--num-speculative-tokens", "2",

@@ -35,7 +35,9 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
     ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
 
 Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every
-optimizer step (Domino's loss schedule reads it).
+optimizer step and before each held-out evaluation (Domino's loss schedule reads it).
+Optional in the module: ``checkpoint_meta(model) -> dict``, JSON-able facts the trainer merges into
+the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer_ids).
 """
 
 from __future__ import annotations

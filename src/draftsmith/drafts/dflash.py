@@ -487,6 +487,13 @@ def attach_target(model: DFlashDraft, draft: Any, *, embeddings: torch.Tensor,
     model.attach_target(embeddings, lm_head)
 
 
+def checkpoint_meta(model: DFlashDraft) -> dict:
+    """What a DFlash checkpoint's meta.json records besides the trainer's fields (DRAFT_FAMILIES 2.9):
+    block_size, mask_token_id and target_layer_ids (on-disk convention: engine id - 1)."""
+    c = model.cfg
+    return {"block_size": c.block_size, "mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}
+
+
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
     """Per-position accuracy, accept length (mean tokens per block, anchor included) and counts."""
     n = sums["pos_count"].double()

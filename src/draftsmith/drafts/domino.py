@@ -112,6 +112,7 @@ Model = DominoDraft
 layer_rule = dflash.layer_rule
 layer_ids_from_export = dflash.layer_ids_from_export
 attach_target = dflash.attach_target
+checkpoint_meta = dflash.checkpoint_meta
 summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
 KNOBS = ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label", "lambda_start", "lambda_decay_ratio")
 

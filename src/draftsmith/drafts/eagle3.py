@@ -24,6 +24,19 @@ from torch import nn
 
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv
 
+
+def refuse_other_family(config: dict, expected: str) -> None:
+    """A DFlash-family config.json given to an EAGLE loader: one-line DraftError naming the family
+    (its weights would otherwise fail later as missing embed_tokens / lm_head, naming nothing)."""
+    from . import DraftError, family_of_config
+
+    family = family_of_config(config)
+    if family in ("dflash", "jetspec", "domino"):
+        arch = (config.get("architectures") or ["?"])[0]
+        raise DraftError(f"config.json describes a {family} block draft ({arch}, dflash_config), not {expected} "
+                         f"draft; load it with draftsmith.drafts.get_family({family!r}).load_exported")
+
+
 __all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulated_tau", "shift_left"]
 
 # The family contract (drafts/__init__.py): EAGLE-3 learns from the shifted, draft-vocab `eagle3`
@@ -80,6 +93,7 @@ class Eagle3Config:
         Also reads plain third-party EAGLE-3 configs: missing fields take vLLM's defaults. A P-EAGLE
         config (`parallel_drafting: true`) is refused: its extra layers and mask_hidden would be lost.
         """
+        refuse_other_family(config, "an EAGLE-3")
         if config.get("parallel_drafting"):
             raise ValueError("config.json has parallel_drafting=true (a P-EAGLE draft), expected an EAGLE-3 "
                              "config; load it with draftsmith.drafts.peagle.PEagleConfig.from_export")

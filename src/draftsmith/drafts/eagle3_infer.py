@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .eagle3 import Eagle3Config, Eagle3Draft, Eagle3Step
+from .eagle3 import Eagle3Config, Eagle3Draft, Eagle3Step, refuse_other_family
 from .layers import repeat_kv
 
 __all__ = ["DraftKVCache", "extend", "next_hidden", "layer_ids_from_export", "load_exported"]
@@ -100,6 +100,7 @@ def next_hidden(draft: Eagle3Draft, step: Eagle3Step) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- loading an export
 def layer_ids_from_export(config: dict) -> list[int]:
+    refuse_other_family(config, "an EAGLE-3")
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         raise ValueError("eagle_config.eagle_aux_hidden_state_layer_ids is missing; "

@@ -61,6 +61,7 @@ Model = JetSpecDraft
 layer_rule = dflash.layer_rule
 layer_ids_from_export = dflash.layer_ids_from_export
 attach_target = dflash.attach_target
+checkpoint_meta = dflash.checkpoint_meta
 summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
 
 

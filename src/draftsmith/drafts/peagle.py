@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from . import eagle3
-from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, simulated_tau
+from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, refuse_other_family, simulated_tau
 from .eagle3_infer import DraftKVCache
 from .peagle_infer import PEagleInference, PEagleProposal
 from .layers import RMSNorm, SwiGLU
@@ -68,6 +68,7 @@ class PEagleConfig(Eagle3Config):
     @classmethod
     def from_export(cls, config: dict) -> "PEagleConfig":
         """Rebuild from an exported config.json dict (inverse of `PEagleDraft.export_config`)."""
+        refuse_other_family(config, "a P-EAGLE")
         if config.get("parallel_drafting") is not True:
             raise ValueError(f"config.json has parallel_drafting={config.get('parallel_drafting')!r}, expected true "
                              "for a P-EAGLE draft; load an EAGLE-3 config with Eagle3Config.from_export")

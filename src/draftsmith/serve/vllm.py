@@ -58,8 +58,8 @@ def mask_token(config: dict) -> Optional[int]:
 def reject_domino(config: dict) -> None:
     if draft_family(config) == "domino":
         raise ServeError("draft is a Domino DFlash draft (dflash_config.projector_type: domino): its GRU correction "
-                         "head has no implementation in vLLM or SGLang, and draftsmith cannot evaluate DFlash-family "
-                         "drafts yet; serve a plain DFlash or JetSpec draft instead")
+                         "head has no implementation in vLLM or SGLang; evaluate it offline with `draftsmith eval` "
+                         "or serve a plain DFlash or JetSpec draft instead")
 
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
@@ -112,10 +112,22 @@ def default_k(config: dict, k: Optional[int]) -> int:
                      "start, at most the ttt_steps it was trained with)")
 
 
+def check_method(config: dict, method: Optional[str]) -> str:
+    """The draft's own vLLM method (dflash for the DFlash family, else eagle3); a ``--method`` of the
+    other kind is a one-line ServeError (vLLM would build the other model class over these weights).
+    An empty ``config`` (a hub id: nothing known here) takes any method."""
+    family = draft_family(config)
+    auto = "dflash" if is_dflash_family(family) else "eagle3"
+    if config and method is not None and (method == "dflash") != (auto == "dflash"):
+        raise ServeError(f"--method {method}: the draft's config.json describes a {family}-family draft, which vLLM "
+                         f"serves with method {auto}; drop --method (it defaults to {auto}) or pass --method {auto}")
+    return auto
+
+
 def speculative_config(model: str, config: dict, *, method: Optional[str] = None, k: Optional[int] = None) -> dict:
     """vLLM's ``--speculative-config`` for the draft at ``model`` with config ``config``."""
     family = draft_family(config)
-    auto = "dflash" if is_dflash_family(family) else "eagle3"
+    auto = check_method(config, method)
     spec = {"method": method or auto, "model": model, "num_speculative_tokens": default_k(config, k)}
     if family == "peagle":
         spec["parallel_drafting"] = True
@@ -254,6 +266,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
                          "is not an EAGLE-3 draft)")
     spec_probe = draft.config if not draft.is_hub else {}
     default_k(spec_probe, k)  # K errors before any export
+    check_method(spec_probe, method)  # so is a method of the other family
     check_family_weights(draft)  # mislabelled weights fail before anything is written
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
@@ -270,5 +283,5 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     return VllmPlan(prepared, spec, argv, notes)
 
 
-__all__ = ["vllm_config", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",
+__all__ = ["vllm_config", "check_method", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",
            "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan", "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH"]

@@ -81,26 +81,30 @@ def _spread(lo: int, hi: int, n: int) -> list[int]:
     return [lo + (2 * k * span + den) // (2 * den) for k in range(n)]
 
 
-def validate_layer_ids(ids: Sequence[int], num_layers: int, *, key: str = "target.aux_layer_ids") -> list[int]:
-    """Check layer ids against ``0..num_layers`` (vLLM convention); return them as a list of ints.
+def validate_layer_ids(ids: Sequence[int], num_layers: int, *, key: str = "target.aux_layer_ids",
+                       first: int = 0) -> list[int]:
+    """Check layer ids against ``first..num_layers`` (vLLM convention); return them as a list of ints.
 
     Order is kept (features come back in request order); duplicates and non-integers are rejected.
+    ``first=1``: a DFlash-family draft, which reads decoder-layer outputs only (engine id 0, the
+    embeddings, has no ``dflash_config.target_layer_ids`` equivalent).
     """
     L = int(num_layers)
+    span = f"{first}..{L}"
+    why = (f"(0 = embeddings, {L} = last layer before the final norm)" if first == 0 else
+           f"for a DFlash-family draft (decoder-layer outputs: 1 = first layer, {L} = last; 0, the embeddings, "
+           "has no dflash_config.target_layer_ids equivalent)")
     out: list[int] = []
     for v in ids:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise TargetError(f"{key}: {v!r} is not an integer; use layer ids in 0..{L}")
-        if not 0 <= v <= L:
-            raise TargetError(
-                f"{key}: layer id {v} is out of range; valid ids are 0..{L} "
-                f"(0 = embeddings, {L} = last layer before the final norm)"
-            )
+            raise TargetError(f"{key}: {v!r} is not an integer; use layer ids in {span}")
+        if not first <= v <= L:
+            raise TargetError(f"{key}: layer id {v} is out of range; valid ids are {span} {why}")
         if v in out:
             raise TargetError(f"{key}: layer id {v} is repeated in {list(ids)}; list each id once")
         out.append(v)
     if not out:
-        raise TargetError(f"{key}: no layer ids given; list at least one id in 0..{L}")
+        raise TargetError(f"{key}: no layer ids given; list at least one id in {span}")
     return out
 
 

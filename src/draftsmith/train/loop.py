@@ -22,7 +22,7 @@ from draftsmith.config import ConfigError, RunConfig, dump_config
 from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
-from draftsmith.drafts import get_family
+from draftsmith.drafts import family_of_config, get_family
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import default_layer_ids, supervision_kind, supervision_to, validate_layer_ids
 from draftsmith.train import checkpoint as ckpt
@@ -81,6 +81,17 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: li
     return family.Model(config)
 
 
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """A config.json dict with nested dicts flattened to dotted keys (``dflash_config.mask_token_id``)."""
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def add_sums(total: Optional[dict], sums: dict) -> dict:
     """Element-wise sum of two metric-sum dicts (``total`` None = start from ``sums``)."""
     return dict(sums) if total is None else {k: total[k] + v for k, v in sums.items()}
@@ -124,7 +135,10 @@ def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
     Shared with ``draftsmith cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
     """
     rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
-    return validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count), num_layers)
+    # DFlash-family drafts read decoder-layer outputs (on disk: engine id - 1), so engine id 0 is refused
+    first = 1 if rule == "dflash" else 0
+    return validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count), num_layers,
+                              first=first)
 
 
 def render_examples(cfg: RunConfig, tokenizer: Any) -> tuple[list[Example], Any, int]:
@@ -156,7 +170,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(self.resumed_from) if self.resumed_from else None  # fail before heavy work
-        was_type = saved["meta"].get("draft_type", "eagle3") if saved else cfg.draft.type
+        # meta.json names the family; a checkpoint older than that field is classified by its config.json
+        was_type = (saved["meta"].get("draft_type") or family_of_config(saved["config"])) if saved else cfg.draft.type
         if was_type != cfg.draft.type:
             raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
                                        f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
@@ -255,7 +270,9 @@ class Trainer:
                 f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
         # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
         # one the weights were trained as: a changed value would load and train on silently.
-        was_cfg, now_cfg = saved["config"], json.loads(json.dumps(self.draft.export_config(self.aux_ids, "float32")))
+        # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
+        was_cfg = flat_config(saved["config"])
+        now_cfg = flat_config(json.loads(json.dumps(self.draft.export_config(self.aux_ids, "float32"))))
         changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
                    if was_cfg.get(k) != now_cfg.get(k)]
         if changed:
@@ -438,6 +455,8 @@ class Trainer:
         the whole split (EAGLE-3: per-step accuracy, simulated tau, positions)."""
         if not self.eval_set:
             return {}
+        if hasattr(self.draft, "set_progress"):  # a step-dependent loss (Domino): the held-out loss at this step,
+            self.draft.set_progress(self.step, self.total_steps)  # the same whether or not the run was resumed
         self.draft.eval()
         t = self.cfg.train
         sums, loss_sum, n = None, 0.0, 0
@@ -474,6 +493,8 @@ class Trainer:
             "draft_type": self.cfg.draft.type,
             "chat_template_kwargs": self.template_kwargs,  # eval and serve render prompts with these
         }
+        if hasattr(self.family, "checkpoint_meta"):  # the family's own facts (DFlash: block size, mask token, ids)
+            meta.update(self.family.checkpoint_meta(self.draft))
         # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
         name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
         return ckpt.save_checkpoint(
