@@ -53,7 +53,12 @@ def test_unsupported_and_missing_drafts_are_one_line_errors(tiny, tmp_path):
         load_draft(d)
     (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3DFlashDraftModel"],
                                                "dflash_config": {"block_size": 8}}))
-    with pytest.raises(EvalError, match=r"DFlash \(block\) drafts are not evaluable offline yet"):
+    with pytest.raises(EvalError, match=r"pe: config.json has no dflash_config.target_layer_ids") as err:
+        load_draft(d)  # a DFlash config over EAGLE-3 weights: the DFlash loader names what is wrong
+    assert "\n" not in str(err.value)
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen3DFlashDraftModel"], "dflash_config": {
+        "block_size": 8, "mask_token_id": 5, "target_layer_ids": [0, 1]}, "num_target_layers": 4}))
+    with pytest.raises(EvalError, match=r"pe: weights do not fit a DFlashDraft: missing \['hidden_norm.weight'"):
         load_draft(d)
     with pytest.raises(EvalError, match="does not exist"):
         load_draft(tmp_path / "nothing")
