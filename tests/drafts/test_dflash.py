@@ -304,17 +304,3 @@ def test_a_dflash_checkpoint_does_not_load_as_eagle3():
     with pytest.raises(ValueError) as err:
         eagle3.load_exported(config, make_draft().state_dict())
     assert "\n" not in str(err.value)
-
-
-def test_attach_target_starts_the_final_norm_at_unit_logit_scale():
-    m = DFlashDraft(make_cfg())
-    lm_head = torch.zeros(V, H)
-    lm_head[:, 0] = 2.0  # every row has norm 2 -> rms 2
-    draft = types.SimpleNamespace(init_from_target=True)
-    dflash.attach_target(m, draft, embeddings=torch.randn(V, H), head=lambda: (lm_head, torch.ones(H)), vocab=None)
-    assert torch.allclose(m.norm.weight, torch.full((H,), 1 / (math.sqrt(H) * 2.0)))
-    assert m.lm_head is lm_head or torch.equal(m.lm_head, lm_head)
-    m2 = DFlashDraft(make_cfg())
-    dflash.attach_target(m2, types.SimpleNamespace(init_from_target=False), embeddings=torch.randn(V, H),
-                         head=lambda: (lm_head, torch.ones(H)), vocab=None)
-    assert torch.equal(m2.norm.weight, torch.ones(H))
