@@ -1,6 +1,6 @@
-"""Shared helpers of the real-vLLM serving tests (test_serve_vllm.py, test_serve_peagle.py): a
-bounded, always-stopped OpenAI server, plain HTTP, the HF fp32 greedy reference and the
-`draftsmith serve vllm` command line."""
+"""Shared helpers of the real-vLLM serving tests (test_serve_vllm.py, test_serve_peagle.py,
+test_serve_dflash.py): a bounded, always-stopped OpenAI server, plain HTTP, the HF fp32 greedy
+reference and the `draftsmith serve vllm` command line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -34,10 +34,11 @@ def http(url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[in
 class Server(ServerProcess):
     """A vLLM OpenAI server for these tests: started in its own group, always stopped."""
 
-    def __init__(self, argv: list[str], port: int, log: Path):
+    def __init__(self, argv: list[str], port: int, log: Path, pythonpath: Sequence[Path] = ()):
+        """``pythonpath``: extra directories put first on the server's PYTHONPATH (e.g. a test shim)."""
         super().__init__(argv, port, log, ready_s=READY_S, env={
             "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])})
+            "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), str(SRC), os.environ.get("PYTHONPATH", "")])})
 
     def __enter__(self):
         super().__enter__()

