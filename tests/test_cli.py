@@ -135,14 +135,7 @@ def write_dflash_config(root, target, sources, draft_type="dflash", out="out"):
     return cfg
 
 
-@pytest.fixture(scope="module", autouse=True)
-def restore_threads():
-    """train.num_threads: 1 sets torch's global thread count; give the rest of the session its own back."""
-    import torch
-
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("restore_threads")  # tests/conftest.py: train.num_threads 1 is undone
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,7 @@ LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_
                                                                        "q_norm", "k_norm")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def restore_threads():
-    """train.num_threads: 1 sets torch's global thread count; give the rest of the session its own back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("restore_threads")  # tests/conftest.py: train.num_threads 1 is undone
 
 
 @pytest.fixture(scope="module")
