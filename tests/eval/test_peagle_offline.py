@@ -142,7 +142,7 @@ def test_k_rules():
     model, draft = always_agree_peagle()
     p = PEagleProposer(draft)
     assert check_k(p, None, "peagle") == 4 and check_k(p, 2, "peagle") == 2
-    with pytest.raises(EvalError, match=r"-k 5: this P-EAGLE \(parallel\) draft drafts 4 tokens per forward") as err:
+    with pytest.raises(EvalError, match=r"-k 5: this P-EAGLE \(parallel\) draft drafts 4 tokens per forward \(num_depths=4\)") as err:
         check_k(p, 5, "peagle")
     assert "pass -k between 1 and 4" in str(err.value)
 

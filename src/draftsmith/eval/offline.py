@@ -304,8 +304,10 @@ def check_k(proposer: Any, k: Optional[int], family: str) -> int:
     if k is None:
         return proposer.default_k
     if proposer.max_k is not None and not 1 <= k <= proposer.max_k:
+        cfg = proposer.draft.cfg
+        knob = f"block_size={cfg.block_size}" if family in BLOCK_FAMILIES else f"num_depths={proposer.max_k}"
         raise EvalError(f"-k {k}: this {FAMILY_NAMES.get(family, family)} draft drafts {proposer.max_k} tokens per "
-                        f"forward; pass -k between 1 and {proposer.max_k} or omit -k")
+                        f"forward ({knob}); pass -k between 1 and {proposer.max_k} or omit -k")
     return k
 
 
