@@ -61,12 +61,14 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_sglang(args: argparse.Namespace) -> int:
-    from .resolve import ServeError, resolve_draft
+    from .resolve import ServeError, check_family_weights, resolve_draft
     from .sglang import SGLANG_INSTALL_HINT, prepare_sglang, reject_for_sglang, sglang_argv
     from .vllm import launch, require_module
 
     try:
         draft = resolve_draft(args.draft)  # reads only
+        if not draft.is_hub:  # weights that contradict config.json are named first (the config is then no guide)
+            check_family_weights(draft)
         reject_for_sglang(draft.config, args.draft)  # a draft SGLang cannot serve fails before the install hint
         if not args.print_only:
             require_module("sglang", SGLANG_INSTALL_HINT)
