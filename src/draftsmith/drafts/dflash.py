@@ -25,7 +25,6 @@ Inference (``propose``) keeps the projected context K/V per layer across rounds,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -433,7 +432,8 @@ def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
     return "dflash", draft.num_draft_layers
 
 
-def config_kwargs(info: Any, draft: Any, num_layer_ids: int, aux_ids: Optional[list] = None) -> dict:
+def config_kwargs(info: Any, draft: Any) -> dict:
+    """DFlashConfig fields from the target (``info``) and the run's ``draft`` section (all but the layer ids)."""
     return dict(
         hidden_size=info.hidden_size, num_attention_heads=info.num_attention_heads,
         num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
@@ -450,7 +450,7 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
     """The draft for a target (``info``: TargetInfo) and the run's ``draft`` section; ``layer_ids``
     are the engine ids it reads (the trainer's), placeholders 1..n when only the count is known."""
     ids = [i - 1 for i in (layer_ids or range(1, num_layer_ids + 1))]
-    return DFlashConfig(**config_kwargs(info, draft, num_layer_ids), target_layer_ids=ids)
+    return DFlashConfig(**config_kwargs(info, draft), target_layer_ids=ids)
 
 
 def config_from_export(config: dict, cls: type = DFlashConfig, **extra: Any) -> DFlashConfig:
