@@ -1,0 +1,149 @@
+"""Ranks, devices and the few collectives draftsmith needs, on torch's own distributed stack.
+
+Jobs that run on several processes are launched by ``torchrun`` (``torchrun --nproc-per-node N -m
+draftsmith train CONFIG``), which sets ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; without them a
+job is one process (rank 0 of 1) and every helper here is a no-op. The process group uses NCCL when
+the job's device is a GPU and gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+class DistError(ValueError):
+    """A bad device or launch setting; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process sits in the job: ``rank`` of ``world`` processes, ``local_rank`` on its node."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints, logs and the progress bar."""
+        return self.rank == 0
+
+
+def ranks_from_env() -> Ranks:
+    """The ranks torchrun set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); rank 0 of 1 without them."""
+    def read(name: str, default: int) -> int:
+        text = os.environ.get(name)
+        if text is None or text == "":
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise DistError(f"environment {name}={text!r}: expected an integer (torchrun sets it); unset it "
+                            "or launch with torchrun") from None
+
+    ranks = Ranks(read("RANK", 0), read("WORLD_SIZE", 1), read("LOCAL_RANK", 0))
+    if ranks.world < 1 or not 0 <= ranks.rank < ranks.world:
+        raise DistError(f"environment RANK={ranks.rank} WORLD_SIZE={ranks.world}: expected 0 <= RANK < WORLD_SIZE; "
+                        "launch with torchrun")
+    return ranks
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """``train.device`` -> a torch device. ``auto``: the local rank's GPU when CUDA is present (GPU
+    ``local_rank % count``), else the CPU; ``cpu``; ``cuda`` (= ``cuda:<local_rank>``); ``cuda:N``."""
+    spec = str(spec).strip().lower()
+    if spec == "auto":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return torch.device("cuda", local_rank % count) if count else torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise DistError(f"train.device {spec!r}: this machine has no CUDA GPU (torch {torch.__version__}); "
+                            "use train.device: cpu (or auto)")
+        index = local_rank if spec == "cuda" else spec.partition(":")[2]
+        try:
+            index = int(index)
+        except ValueError:
+            raise DistError(f"train.device {spec!r}: expected auto, cpu, cuda or cuda:N") from None
+        if not 0 <= index < torch.cuda.device_count():
+            raise DistError(f"train.device {spec!r}: GPU {index} does not exist ({torch.cuda.device_count()} "
+                            "visible); use cuda (the local rank's GPU) or a smaller index")
+        return torch.device("cuda", index)
+    raise DistError(f"train.device {spec!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def init(ranks: Ranks, device: torch.device, timeout_s: float = 1800.0) -> None:
+    """Join torchrun's process group (nccl on a GPU, gloo on the CPU); nothing for one process."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if ranks.world == 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    if not dist.is_available():
+        raise DistError(f"WORLD_SIZE={ranks.world} but this torch build has no torch.distributed; "
+                        "run one process or install a torch with distributed support")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                            **({"device_id": device} if device.type == "cuda" else {}))
+
+
+def active() -> bool:
+    """True inside a process group of more than one rank."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op for one process)."""
+    import torch.distributed as dist
+
+    if active():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place and return it (unchanged for one process)."""
+    import torch.distributed as dist
+
+    if active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` for one process."""
+    import torch.distributed as dist
+
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Optional[Any], src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself for one process)."""
+    import torch.distributed as dist
+
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def shutdown() -> None:
+    """Leave the process group (if this process joined one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
