@@ -14,21 +14,54 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input (config, data, checkpoint, target): one line, exit 2."""
     from draftsmith.config import ConfigError
     from draftsmith.data.formats import DataError
+    from draftsmith.distributed import DistError
     from draftsmith.drafts import DraftError
     from draftsmith.eval import EvalError
     from draftsmith.serve.resolve import ServeError
     from draftsmith.targets.contract import TargetError
     from draftsmith.train.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, DraftError, TargetError, CheckpointError, EvalError, ServeError)
+    return (ConfigError, DataError, DraftError, TargetError, CheckpointError, EvalError, ServeError, DistError)
+
+
+def exec_torchrun(nproc: int, argv: Sequence[str]) -> int:
+    """``draftsmith train --nproc N ...`` = ``torchrun --nproc-per-node N -m draftsmith train ...``:
+    this process becomes torchrun (torch's own launcher), which starts N ranks of the same command."""
+    import os
+
+    if nproc < 1:
+        print(f"draftsmith: error: --nproc {nproc}: expected >= 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if os.environ.get("WORLD_SIZE"):  # already a rank of a torchrun job: do not nest another
+        print("draftsmith: error: --nproc inside a torchrun job; drop --nproc (torchrun sets the ranks)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rest, skip = [], False
+    for i, a in enumerate(argv):  # drop --nproc N / --nproc=N, keep everything else in order
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", "draftsmith", *rest]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from draftsmith.config import load_config
     from draftsmith.train.loop import train
 
+    if args.nproc is not None:
+        return exec_torchrun(args.nproc, args.argv)
+
     cfg = load_config(args.config, args.set + ([f"target.engine={args.engine}"] if args.engine else []))
     result = train(cfg, resume=args.resume, progress=not args.no_progress, announce=print)
+    from draftsmith.distributed import ranks_from_env
+
+    if not ranks_from_env().main:  # rank 0 reports for the whole job
+        return 0
     ev = result.eval
     print(f"trained {result.step} steps ({result.tokens} tokens, {result.tokens_per_s:.0f} tok/s, {result.wall_s:.0f} s)")
     if ev:
@@ -107,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--engine", choices=CHOICES["target.engine"], default=None,
                    help="how the target runs (overrides target.engine)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="run N ranks on this machine: execs `torchrun --nproc-per-node N -m draftsmith train ...` "
+                        "(train.batch_size is per rank; multi-node: call torchrun yourself, see the README)")
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("cache", help="run the target once over a config's data and store its features "
@@ -176,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # train --nproc re-launches the same command under torchrun
     try:
         if getattr(args, "resume", None) == "__output__":
             from draftsmith.config import load_config
@@ -184,7 +222,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.resume = load_config(args.config, args.set).output.dir  # --engine does not move output.dir
         return int(args.func(args) or 0)
     except _user_errors() as e:
-        print(f"draftsmith: error: {e}", file=sys.stderr)
+        import os
+
+        rank = os.environ.get("RANK") if os.environ.get("WORLD_SIZE", "1") != "1" else None
+        print(f"draftsmith: error{f' (rank {rank})' if rank else ''}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("draftsmith: interrupted", file=sys.stderr)

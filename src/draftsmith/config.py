@@ -102,7 +102,7 @@ class TrainConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     max_grad_norm: float = 0.5  # 0 disables clipping
-    bf16: bool = False  # bf16 autocast for the draft (CPU or GPU)
+    bf16: Optional[bool] = None  # bf16 autocast for the draft; null = on for CUDA, off on the CPU
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0  # optimizer steps; 0 = only at the end
@@ -111,6 +111,11 @@ class TrainConfig:
     spec_eval_every: int = 0  # optimizer steps; real speculative decoding on held-out prompts (hf engine); 0 = off
     spec_eval_prompts: int = 8  # held-out conversations that spec_eval_every decodes (K = draft.ttt_steps)
     num_threads: Optional[int] = None  # torch intra-op threads (default: torch's choice)
+    # Where and on how many processes: `torchrun --nproc-per-node N -m draftsmith train CONFIG` (or
+    # `draftsmith train --nproc N`) runs N ranks; batch_size is per rank, the global batch is
+    # batch_size x ranks x grad_accum and the data order depends on it, not on the number of ranks.
+    device: str = "auto"  # auto (the local rank's GPU when there is one, else cpu) | cpu | cuda | cuda:N
+    parallel: str = "ddp"  # ddp | fsdp2 (fully_shard: parameters, gradients and AdamW state sharded over ranks)
 
 
 @dataclass
@@ -136,6 +141,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "target.engine": ("hf", "vllm", "sglang", "remote", "cache"),
     "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
+    "train.parallel": ("ddp", "fsdp2"),
     "draft.type": tuple(FAMILIES),  # the draft families registered in drafts/__init__.py
 }
 
@@ -280,6 +286,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'target.prefetch_depth' = {cfg.target.prefetch_depth}, 'target.remote_retries' = "
                  f"{cfg.target.remote_retries}, 'target.remote_timeout_s' = {cfg.target.remote_timeout_s}: "
                  f"expected >= 0, >= 0 and > 0")
+    device = cfg.train.device.strip().lower()
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        p.append(f"'train.device' = {cfg.train.device!r}: expected auto, cpu, cuda or cuda:N")
     if len(cfg.train.betas) != 2:
         p.append(f"'train.betas' = {cfg.train.betas}: expected two numbers, e.g. [0.9, 0.95]")
     return p

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary
 
 __all__ = ["DFlashConfig", "DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
            "visibility", "decay_weights", "block_metrics"]
@@ -106,12 +106,13 @@ class DFlashConfig:
 
 # ---------------------------------------------------------------------------------- blocks and mask
 def sample_anchors(loss_mask: torch.Tensor, block_size: int, num_anchors: int,
-                   generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   generator: Optional[torch.Generator] | RowGenerators = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Anchors per row -> (anchor (B, N) int64 sorted, keep (B, N) bool).
 
     valid[b, a] = loss_mask[b, a] == 1 and a <= S - block_size; N = min(num_anchors, max valid count
     of a row). Each row takes a uniform random subset (the N smallest of one uniform key per
-    position, keys drawn for the whole (B, S) at once), sorted; rows with fewer valid anchors are
+    position, keys drawn for the whole (B, S) at once, or row by row from one generator per row),
+    sorted; rows with fewer valid anchors are
     padded with keep=False blocks at anchor 0. NoValidAnchors when no row has any.
     """
     b, s = loss_mask.shape
@@ -119,7 +120,10 @@ def sample_anchors(loss_mask: torch.Tensor, block_size: int, num_anchors: int,
     n = min(num_anchors, int(valid.sum(1).max()) if b else 0)
     if n == 0:
         raise NoValidAnchors(f"no assistant token with {block_size - 1} tokens after it in a batch of length {s}")
-    keys = torch.rand(b, s, generator=generator).to(loss_mask.device)
+    if isinstance(generator, (list, tuple)):  # per row: a row's anchors do not depend on its batch
+        keys = torch.stack([torch.rand(s, generator=g) for g in generator]).to(loss_mask.device)
+    else:
+        keys = torch.rand(b, s, generator=generator).to(loss_mask.device)
     keys = keys.masked_fill(~valid, 2.0)  # invalid positions sort last
     picked = keys.argsort(1)[:, :n]  # (B, N) random valid positions first
     keep = valid.gather(1, picked)
@@ -252,6 +256,7 @@ class DFlashOutput:
 
     loss: torch.Tensor
     sums: dict
+    parts: Optional[LossParts] = None  # loss = parts.loss() (decay-weighted CE sum / weight sum)
 
 
 class DFlashDraft(nn.Module):
@@ -337,24 +342,26 @@ class DFlashDraft(nn.Module):
         w = self.loss_weights.to(h.device).expand_as(lmask)[lmask]  # (M,)
         logits = self.logits(h[lmask]).float()  # (M, V)
         ce = F.cross_entropy(logits, labels[lmask], reduction="none")
-        loss = (w * ce).sum() / (w.sum() + 1e-6)
+        parts = LossParts.of([(w * ce).sum()], [w.sum()], [1.0])  # sum_m w_m CE_m / sum_m w_m
         correct = torch.zeros_like(lmask)
         correct[lmask] = logits.argmax(-1) == labels[lmask]
-        return DFlashOutput(loss, block_metrics(correct.detach(), lmask, 1 - self.label_offset))
+        return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - self.label_offset), parts)
 
-    def forward(self, sup: Any, generator: Optional[torch.Generator] = None) -> DFlashOutput:
+    def forward(self, sup: Any, generator: Optional[torch.Generator] | RowGenerators = None) -> DFlashOutput:
         """Loss and metric sums over one micro-batch of ``dflash`` supervision (right padding)."""
         try:
             h, labels, lmask, anchor = self.blocks(sup.aux_hidden, sup.input_ids, sup.loss_mask, generator)
         except NoValidAnchors:  # nothing to learn from: a zero loss that still reaches every parameter
             zero = sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
-            return DFlashOutput(zero, empty_sums(self.cfg.block_size - 1 + self.label_offset, zero.device))
+            return DFlashOutput(zero, empty_sums(self.cfg.block_size - 1 + self.label_offset, zero.device),
+                                LossParts.of([zero], [0.0], [1.0]))
         return self.block_loss(h, labels, lmask, anchor, sup)
 
-    def supervised(self, sup: Any) -> DFlashOutput:
-        """Training: anchors from torch's global RNG (saved in checkpoints, so resume is bitwise);
-        eval mode: a fixed generator, so held-out metrics compare across evaluations."""
-        gen = None if self.training else torch.Generator().manual_seed(0)
+    def supervised(self, sup: Any, generators: RowGenerators = None) -> DFlashOutput:
+        """Training: row i's anchors from ``generators[i]`` (None: torch's global RNG, saved in
+        checkpoints, so resume is bitwise); eval mode: a fixed generator, so held-out metrics compare
+        across evaluations."""
+        gen = generators if self.training else torch.Generator().manual_seed(0)
         return self(sup, gen)
 
     # ------------------------------------------------------------------ inference

@@ -26,6 +26,7 @@ from torch import nn
 
 from . import dflash
 from .dflash import DFlashConfig, DFlashDraft, DFlashOutput, block_metrics
+from .layers import LossParts
 
 SUPERVISION = "dflash"
 PROGRESS = dflash.PROGRESS
@@ -85,14 +86,14 @@ class DominoDraft(DFlashDraft):
         final = self.correct_rows(base, h[lmask], g[lmask], row)
         y = labels[lmask]
 
-        def ce(logits):
-            return (w * F.cross_entropy(logits, y, reduction="none")).sum() / (w.sum() + 1e-6)
+        def ce_sum(logits):
+            return (w * F.cross_entropy(logits, y, reduction="none")).sum()
 
-        lam = self.lam
-        loss = (1 - lam) * ce(final) + lam * ce(base)
+        lam = self.lam  # (1 - lam) * CE_w(final) + lam * CE_w(base), both over the same weight sum
+        parts = LossParts.of([ce_sum(final), ce_sum(base)], [w.sum(), w.sum()], [1 - lam, lam])
         correct = torch.zeros_like(lmask)
         correct[lmask] = final.argmax(-1) == y
-        return DFlashOutput(loss, block_metrics(correct.detach(), lmask, 1 - o))
+        return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - o), parts)
 
     def head_logits(self, h: torch.Tensor, anchor_token: int) -> torch.Tensor:
         """Greedy walk: row r reads the GRU after the anchor and drafted rows 0..r-1 -> (k, V)."""

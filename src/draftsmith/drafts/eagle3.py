@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv
+from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, repeat_kv
 
 
 def refuse_other_family(config: dict, expected: str) -> None:
@@ -149,6 +149,7 @@ class Eagle3Output:
     step_correct: torch.Tensor  # (K,) int64: argmax agrees with the target at supervised positions
     prefix_correct: torch.Tensor  # (K,) int64: steps 0..k all agree at the same start position
     step_count: torch.Tensor  # (K,) int64: supervised positions per step
+    parts: Optional[LossParts] = None  # loss = parts.loss(): step k's CE sum / its count, weighted
 
     @property
     def sums(self) -> dict[str, torch.Tensor]:
@@ -401,7 +402,7 @@ class Eagle3Draft(nn.Module):
         loss_k = sum_t m_k[t] * CE(p_k[t], logits_k[t]) / max(sum_t m_k[t], 1) with ids/probs/mask
         shifted left by k; loss = sum_k 0.8^k loss_k / sum_k 0.8^k (base = cfg.step_weight).
         """
-        losses, correct, prefix_hits, counts = [], [], [], []
+        ce_sums, correct, prefix_hits, counts = [], [], [], []
         prefix = None
         for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False)):
             mask_k = shift_left(position_mask, k).bool()  # (B, T)
@@ -411,7 +412,7 @@ class Eagle3Draft(nn.Module):
             logits_k = self.compute_logits(step.normed[mask_k])  # (N, Vd)
             ce = -(probs_k * logits_k.log_softmax(-1)).sum(-1)  # (N,)
             n = mask_k.sum()
-            losses.append(ce.sum() / n.clamp(min=1))
+            ce_sums.append(ce.sum())
             with torch.no_grad():
                 hit = torch.zeros_like(mask_k)
                 hit[mask_k] = logits_k.argmax(-1) == probs_k.argmax(-1)
@@ -419,18 +420,20 @@ class Eagle3Draft(nn.Module):
                 correct.append(hit.sum())
                 prefix_hits.append(prefix.sum())
                 counts.append(n)
-        step_losses = torch.stack(losses)  # (K,)
-        w = self.cfg.step_weight ** torch.arange(len(losses), dtype=torch.float32, device=step_losses.device)
+        w = self.cfg.step_weight ** torch.arange(len(ce_sums), dtype=torch.float64)
+        parts = LossParts.of(ce_sums, counts, (w / w.sum()).tolist())  # loss = sum_k w_k/sum(w) * ce_k / n_k
         return Eagle3Output(
-            loss=(w * step_losses).sum() / w.sum(),
-            step_losses=step_losses.detach(),
+            loss=parts.loss(),
+            step_losses=(parts.num / parts.den.clamp(min=1)).detach(),
             step_correct=torch.stack(correct),
             prefix_correct=torch.stack(prefix_hits),
             step_count=torch.stack(counts),
+            parts=parts,
         )
 
-    def supervised(self, sup: Any) -> Eagle3Output:
-        """:meth:`forward` on an ``eagle3`` supervision object (read by field name)."""
+    def supervised(self, sup: Any, generators: RowGenerators = None) -> Eagle3Output:
+        """:meth:`forward` on an ``eagle3`` supervision object (read by field name); EAGLE-3 draws
+        nothing at random, so ``generators`` (one per row) is unused."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:

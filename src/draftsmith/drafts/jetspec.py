@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from . import dflash
 from .dflash import DFlashConfig, DFlashDraft, DFlashOutput, block_metrics
+from .layers import LossParts
 
 SUPERVISION = "dflash_kd"  # dflash supervision plus the target's full-vocab logits (targets/contract.py)
 PROGRESS = dflash.PROGRESS
@@ -32,12 +33,17 @@ def teacher_positions(anchor: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchor[..., None] + k - 1).clamp(min=0)
 
 
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Mean over rows of KL(softmax(t/T) || softmax(s/T)) * T^2; student/teacher (M, V) -> scalar (fp32)."""
+def kd_parts(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> LossParts:
+    """Mean over rows of KL(softmax(t/T) || softmax(s/T)) * T^2 as loss parts; student/teacher (M, V), fp32."""
     t = F.log_softmax(teacher.float() / temperature, -1)
     s = F.log_softmax(student.float() / temperature, -1)
     kl = (t.exp() * (t - s)).sum(-1)  # (M,)
-    return kl.sum() / max(kl.numel(), 1) * temperature ** 2
+    return LossParts.of([kl.sum()], [kl.numel()], [temperature ** 2])
+
+
+def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """:func:`kd_parts` as a scalar."""
+    return kd_parts(student, teacher, temperature).loss()
 
 
 class JetSpecDraft(DFlashDraft):
@@ -50,10 +56,10 @@ class JetSpecDraft(DFlashDraft):
         rows = torch.arange(b, device=h.device)[:, None, None].expand_as(pos)
         teacher = sup.logits[rows[lmask], pos[lmask]]  # (M, V) gathered: the (B, S, V) tensor is never copied
         student = self.logits(h[lmask]).float()  # (M, V)
-        loss = kd_loss(student, teacher, float(self.cfg.extra.get("kd_temperature", 1.0)))
+        parts = kd_parts(student, teacher, float(self.cfg.extra.get("kd_temperature", 1.0)))
         correct = torch.zeros_like(lmask)
         correct[lmask] = student.argmax(-1) == teacher.argmax(-1)
-        return DFlashOutput(loss, block_metrics(correct.detach(), lmask))
+        return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask), parts)
 
 
 # ---------------------------------------------------------------------------------- family contract

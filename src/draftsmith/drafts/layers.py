@@ -11,12 +11,14 @@ Model math only (no I/O). Conventions follow HF Llama, which is also what vLLM s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU"]
+__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts"]
 
 
 class RMSNorm(nn.Module):
@@ -155,3 +157,44 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class LossParts:
+    """A loss written as ratios: ``loss = sum_i coef_i * num_i / max(den_i, 1e-6)``.
+
+    num (P,) carries grad (sums over supervised elements), den (P,) is detached (their counts or
+    weights), coef (P,) are constants. Every family builds its loss with :meth:`loss`, so the trainer
+    can normalise by counts summed over ranks: with den summed over the global micro-batch, the
+    gradient of ``world * loss(den_global)`` averaged over ranks (what DDP and FSDP do) equals the
+    gradient of one process holding every rank's rows.
+    """
+
+    num: torch.Tensor
+    den: torch.Tensor
+    coef: torch.Tensor
+
+    def loss(self, den: Optional[torch.Tensor] = None, num: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The scalar loss, optionally with another ``den`` (e.g. summed over ranks) or ``num``."""
+        num = self.num if num is None else num
+        den = (self.den if den is None else den).to(num.dtype).clamp(min=1e-6)
+        return (self.coef.to(num.device, num.dtype) * num / den).sum()
+
+    @staticmethod
+    def of(num: Sequence[torch.Tensor], den: Sequence[torch.Tensor], coef: Sequence[float]) -> "LossParts":
+        """From per-part scalars: ``num`` with grad, ``den`` counts (detached here), ``coef`` floats."""
+        n = torch.stack([x.float().reshape(()) for x in num])
+        d = torch.stack([torch.as_tensor(x).detach().float().reshape(()).to(n.device) for x in den])
+        return LossParts(n, d, torch.tensor([float(c) for c in coef], device=n.device))
+
+
+RowGenerators = Optional[Sequence[torch.Generator]]
+
+
+def row_generator(generators: Union[RowGenerators, torch.Generator], row: int) -> Optional[torch.Generator]:
+    """Row ``row``'s generator: the trainer passes one per row (training randomness keyed by the
+    conversation, so a row draws the same samples whichever rank or micro-batch holds it); a single
+    generator or None applies to every row."""
+    if generators is None or isinstance(generators, torch.Generator):
+        return generators
+    return generators[row]

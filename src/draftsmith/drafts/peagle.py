@@ -27,7 +27,7 @@ from . import eagle3
 from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, refuse_other_family, simulated_tau
 from .eagle3_infer import DraftKVCache
 from .peagle_infer import PEagleInference, PEagleProposal
-from .layers import RMSNorm, SwiGLU
+from .layers import LossParts, RMSNorm, RowGenerators, SwiGLU, row_generator
 
 __all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
            "pad_elements", "visibility", "attention_mask"]
@@ -195,6 +195,7 @@ class PEagleOutput:
     depth_correct: torch.Tensor  # (K,) int64: draft argmax == target argmax
     depth_prefix: torch.Tensor  # (K,) int64: depths 0..d all agree at the same anchor
     depth_count: torch.Tensor  # (K,) int64: charged elements per depth
+    parts: Optional[LossParts] = None  # loss = parts.loss(): KL summed over charged elements / their count
 
     @property
     def sums(self) -> dict[str, torch.Tensor]:
@@ -257,13 +258,14 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         return self.run_layers(hidden, ids, (anchor + depth).clamp(min=0), attention_mask(anchor, depth, real))
 
     def forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, target_probs: torch.Tensor,
-                loss_mask: torch.Tensor, generator: torch.Generator | None = None, cod: bool = True) -> PEagleOutput:
+                loss_mask: torch.Tensor, generator: torch.Generator | RowGenerators = None,
+                cod: bool = True) -> PEagleOutput:
         """Parallel-drafting loss over EAGLE-3 supervision (right padding only).
 
         aux_hidden (B, T, n, Ht) unshifted; input_ids (B, T) = token_{t+1}; target_probs (B, T, Vd) =
         target distribution of token_{t+2}; loss_mask (B, T) shifted (use Eagle3Supervision.loss_mask:
         unlike EAGLE-3, elements whose target argmax lies outside the draft vocab stay charged).
-        cod=True samples COD elements per row with `generator`; cod=False takes every (anchor, depth)
+        cod=True samples COD elements per row with `generator` (one, or one per row); cod=False takes every (anchor, depth)
         with ref < T (held-out metrics). Right padding is harmless: padded depth-0 slots are only
         visible to later (padded, uncharged) anchors.
             loss = sum_charged KL(p_ref || softmax(logits)) / #charged,  ref = anchor + depth < T,
@@ -272,7 +274,8 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         cfg = self.cfg
         b, t = input_ids.shape
         valid = loss_mask.bool()
-        rows = [cod_sample(valid[i], cfg.num_depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, generator)
+        rows = [cod_sample(valid[i], cfg.num_depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min,
+                           row_generator(generator, i))
                 if cod else full_sample(t, cfg.num_depths) for i in range(b)]
         anchor, depth, real = (x.to(input_ids.device) for x in pad_elements(rows))
         normed = self.flat_forward(aux_hidden, input_ids, anchor, depth, real)  # (B, N, H)
@@ -283,7 +286,8 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         bi = torch.arange(b, device=ref.device)[:, None].expand_as(ref)[charged]
         p = target_probs[bi, ref[charged]].float()  # (M, Vd)
         kl = (torch.xlogy(p, p) - p * logits.log_softmax(-1)).sum(-1)  # (M,); 0 log 0 = 0
-        loss = kl.sum() / charged.sum().clamp(min=1)
+        parts = LossParts.of([kl.sum()], [charged.sum()], [1.0])  # loss = sum KL / #charged
+        loss = parts.loss()
         with torch.no_grad():
             k, d_c = cfg.num_depths, depth[charged]
             count = torch.bincount(d_c, minlength=k)
@@ -296,12 +300,15 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
                 depth_correct=torch.bincount(d_c[hit], minlength=k),
                 depth_prefix=table.cumprod(-1).sum((0, 1)),  # a miss or an uncharged depth ends the chain
                 depth_count=count,
+                parts=parts,
             )
 
-    def supervised(self, sup: Any) -> PEagleOutput:
-        """:meth:`forward` on ``eagle3`` supervision: COD while training (torch's global RNG, which every
-        checkpoint saves, so resume is bitwise), every (anchor, depth) in eval mode (held-out metrics)."""
-        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask, cod=self.training)
+    def supervised(self, sup: Any, generators: RowGenerators = None) -> PEagleOutput:
+        """:meth:`forward` on ``eagle3`` supervision: COD while training (row i draws from
+        ``generators[i]``; None: torch's global RNG, which every checkpoint saves), every (anchor,
+        depth) in eval mode (held-out metrics)."""
+        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask,
+                    generator=generators if self.training else None, cod=self.training)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""

@@ -47,7 +47,7 @@ from draftsmith.remote import wire
 from draftsmith.remote.nccl import Channel, choose_data_plane, cuda_uuid, join_store, nccl_usable, transfer_plan
 from draftsmith.remote.server import is_loopback
 from draftsmith.targets import Batch, Features, TargetInfo
-from draftsmith.targets.contract import TargetError, supervision_from_tensors, supervision_kind
+from draftsmith.targets.contract import TargetError, supervision_from_tensors, supervision_kind, supervision_to
 
 
 class RemoteError(TargetError):
@@ -147,12 +147,15 @@ class RemoteEngine:
     def __init__(self, target: str = "", *, urls: Sequence[str], dtype: Optional[str] = None,
                  prefetch_depth: int = 1, timeout_s: float = 300.0, retries: int = 5, backoff_s: float = 0.5,
                  max_backoff_s: float = 10.0, health_interval_s: float = 5.0,
-                 auth_token_file: Optional[str] = None, data_plane: str = "auto"):
+                 auth_token_file: Optional[str] = None, data_plane: str = "auto", device: Optional[str] = None):
         if not urls:
             raise RemoteError("target.remote_urls is empty; list the serve-target URLs, e.g. [http://127.0.0.1:8001]")
         if prefetch_depth < 0 or retries < 0:
             raise RemoteError(f"target.prefetch_depth={prefetch_depth}, target.remote_retries={retries}: expected >= 0")
         self.target, self.prefetch_depth, self.retries = target, prefetch_depth, retries
+        # where supervision is delivered (the draft's device, train.device): nccl receives there directly;
+        # wire tensors are copied there on the prefetch thread, off the training step
+        self.device = torch.device(device) if device else None
         self.backoff_s, self.max_backoff_s, self.health_interval_s = backoff_s, max_backoff_s, health_interval_s
         self.servers = [_Server(u, timeout_s) for u in urls]
         self._headers = {}
@@ -185,7 +188,8 @@ class RemoteEngine:
             self.server_aux_ids = list(self._info_raw["aux_layer_ids"])
             offered = self._info_raw.get("data_planes", ["wire"])
             # Channels are built on pool threads (current device 0 there): receive on this thread's GPU.
-            self._cuda_device = torch.device("cuda", torch.cuda.current_device()) if nccl_usable() else None
+            gpu = self.device if self.device is not None and self.device.type == "cuda" else None
+            self._cuda_device = (gpu or torch.device("cuda", torch.cuda.current_device())) if nccl_usable() else None
             same_gpu = self._cuda_device is not None and self._info_raw.get("cuda_uuid") == cuda_uuid(self._cuda_device)
             try:
                 self.plane, self.plane_reason = choose_data_plane(
@@ -394,8 +398,9 @@ class RemoteEngine:
             raise RemoteError("remote engine: call set_vocab_map(draft_ids) before requesting supervision")
         tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "loss_mask": batch.loss_mask}
         meta = {"mode": "supervision", "kind": kind, "layer_ids": list(layer_ids)}
-        return self._with_failover(lambda s: supervision_from_tensors(kind, self._features_call(s, tensors, meta)),
-                                   "POST /features")
+        sup = self._with_failover(lambda s: supervision_from_tensors(kind, self._features_call(s, tensors, meta)),
+                                  "POST /features")
+        return sup if self.device is None else supervision_to(sup, self.device)
 
     def supervision(self, kind: str, batches: Iterable[Batch], layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:
         """``(batch, supervision of kind)`` in batch order, with up to ``prefetch_depth`` requests in flight."""

@@ -45,17 +45,29 @@ def checkpoint_name(epoch: int, step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch CPU, the current CUDA device's when there is one, Python, numpy)."""
     import numpy as np
 
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], rank: int = 0) -> bool:
+    """Restore rank ``rank``'s RNG states from an ``rng.pt`` dict; False when the checkpoint has none
+    for that rank (it was cut by fewer ranks): that rank then takes rank 0's."""
     import numpy as np
 
+    ranks = state.get("ranks") or [state]
+    own = rank < len(ranks)
+    state = ranks[rank if own else 0]
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    return own
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -73,8 +85,12 @@ def save_checkpoint(
     optim_state: dict[str, Any],
     meta: dict[str, Any],
     run_config_yaml: str,
+    rng_states: Optional[list[dict[str, Any]]] = None,
 ) -> Path:
-    """Write a complete checkpoint under ``root`` atomically and point ``LATEST`` at it."""
+    """Write a complete checkpoint under ``root`` atomically and point ``LATEST`` at it.
+
+    ``rng_states``: every rank's :func:`rng_state`, in rank order (default: this process's); rng.pt
+    holds rank 0's at the top level and all of them under ``ranks``."""
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -91,7 +107,8 @@ def save_checkpoint(
     _write_json(tmp / MODEL_SUBDIR / "config.json", model_config)
     save_file({k: v.contiguous() for k, v in vocab.items()}, str(tmp / "vocab.safetensors"))
     torch.save(optim_state, tmp / "optim.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
+    states = rng_states or [rng_state()]
+    torch.save({**states[0], "ranks": states}, tmp / "rng.pt")
     (tmp / "config.yaml").write_text(run_config_yaml)
     # meta.json last: its presence inside the tmp dir marks the write as complete
     _write_json(tmp / "meta.json", {**meta, "epoch": epoch, "step": step})

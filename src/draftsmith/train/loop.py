@@ -5,6 +5,13 @@ learns from and its metrics; the engine turns each micro-batch into that supervi
 features + targets/contract.py here; remote: on the servers), then the draft runs one forward.
 Everything that decides the result (data order, optimizer, schedule, RNG) is restored by
 ``resume`` so a resumed run reaches the same weights as an uninterrupted one.
+
+Several ranks (torchrun; train/parallel.py wraps the draft in DDP or FSDP2): each step takes one
+*global* micro-batch of ``batch_size x ranks`` conversations from the epoch order and rank r holds
+rows ``[r*batch_size, (r+1)*batch_size)`` of it; losses are normalised by counts summed over ranks
+(drafts' LossParts) and training randomness is keyed by conversation, so N ranks x batch b reach the
+weights one rank x batch N*b does. Each rank opens its own engine; rank 0 alone writes checkpoints,
+TensorBoard and the progress bar.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from draftsmith import distributed as dist
 from draftsmith.config import ConfigError, RunConfig, dump_config
 from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows, load_conversations
@@ -26,6 +34,7 @@ from draftsmith.drafts import family_of_config, get_family
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import default_layer_ids, supervision_kind, supervision_to, validate_layer_ids
 from draftsmith.train import checkpoint as ckpt
+from draftsmith.train import parallel
 
 
 @dataclass
@@ -34,7 +43,7 @@ class TrainResult:
     checkpoint: Optional[Path]
     step: int
     epoch: int
-    tokens: int  # real (non-pad) tokens the draft trained on in this process
+    tokens: int  # real (non-pad) tokens the draft trained on in this run, all ranks together
     wall_s: float
     tokens_per_s: float
     eval: dict = field(default_factory=dict)
@@ -157,15 +166,39 @@ def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def rank_share(rows: list[int], batch_size: int, rank: int) -> tuple[list[int], float]:
+    """Rank ``rank``'s rows of one global micro-batch and their loss weight: rows
+    ``[rank*batch_size, (rank+1)*batch_size)``. A rank left without rows (the epoch's last, short
+    global batch) runs the first row at weight 0, so every rank joins the gradient all-reduce."""
+    mine = rows[rank * batch_size : (rank + 1) * batch_size]
+    return (mine, 1.0) if mine else (rows[:1], 0.0)
+
+
+def row_seed(seed: int, epoch: int, row: int) -> int:
+    """The seed of conversation ``row``'s training randomness in ``epoch`` (P-EAGLE's COD, DFlash's
+    anchors): a function of the conversation, not of the rank or micro-batch that holds it."""
+    return (((seed * 1_000_003) ^ (epoch * 7_919)) * 1_000_033 + row) % (2**63 - 1)
+
+
 class Trainer:
     """Holds the run state; :meth:`run` is the whole training job."""
 
     def __init__(self, cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True):
-        self.cfg, self.progress = cfg, progress
+        self.cfg = cfg
         self.family = get_family(cfg.draft.type)  # drafts/<family>.py: model, supervision kind, metrics
+        # torchrun's ranks (rank 0 of 1 without it), this rank's device, the process group (gloo / nccl)
+        self.ranks = dist.ranks_from_env()
+        self.device = dist.resolve_device(cfg.train.device, self.ranks.local_rank)
+        self.progress = progress and self.ranks.main
+        self.bf16 = cfg.train.bf16 if cfg.train.bf16 is not None else self.device.type == "cuda"
+        if self.ranks.world > 1 and cfg.train.spec_eval_every and cfg.train.parallel == "fsdp2":
+            raise ConfigError([f"'train.spec_eval_every' = {cfg.train.spec_eval_every} with train.parallel fsdp2 on "
+                               f"{self.ranks.world} ranks: the exact spec eval needs the whole draft on rank 0; set it "
+                               "to 0 and run `draftsmith eval` on the checkpoint, or use train.parallel: ddp"])
+        dist.init(self.ranks, self.device)
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)  # the same on every rank: every rank builds the same draft
         self.out = Path(cfg.output.dir)
         self.ckpt_root = self.out / "checkpoints"
         self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
@@ -182,11 +215,16 @@ class Trainer:
         self._load_data()
         self._build_vocab(saved)
         self._build_draft()
+        self.resume_note = None
+        if saved is not None:
+            self._restore_draft(saved)
+        # DDP / FSDP2 around the draft (one rank: the plain draft); the optimizer sees the wrapped parameters
+        self.model = parallel.wrap(self.draft, cfg.train.parallel, self.ranks.world, self.device)
         self._build_optimizer()
         if saved is not None:
             self._restore(saved)
         self.writer = None
-        if cfg.output.tensorboard:
+        if cfg.output.tensorboard and self.ranks.main:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tensorboard"))
@@ -200,7 +238,7 @@ class Trainer:
 
         cfg = self.cfg
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
-        self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype,
+        self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype, device=str(self.device),
                                   **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
                                   **(remote_options(cfg) if cfg.target.engine == "remote" else {}),
                                   **({"cache_dir": cfg.target.cache_dir} if cfg.target.engine == "cache" else {}))
@@ -242,13 +280,15 @@ class Trainer:
         self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
                                   head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight()),
                                   vocab=self.vocab)
+        self.draft.to(self.device)
 
     def _build_optimizer(self) -> None:
         """AdamW over the trainable parameters, and the LR schedule over the run's optimizer steps."""
         t = self.cfg.train
-        params = [p for p in self.draft.parameters() if p.requires_grad]
+        params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / t.batch_size) / t.grad_accum)
+        self.global_batch = t.batch_size * self.ranks.world  # conversations per micro-step, all ranks together
+        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / self.global_batch) / t.grad_accum)
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
@@ -256,14 +296,19 @@ class Trainer:
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
         self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
-        self.step, self.epoch, self.batch_pos = 0, 0, 0  # batch_pos: micro-batches done in this epoch
+        # batch_pos: global micro-batches done in this epoch; row_pos: conversations of the epoch order
+        # done (what a resume with another global batch continues from); group_batch: the global batch
+        # this epoch's length grouping was cut with
+        self.step, self.epoch, self.batch_pos, self.row_pos = 0, 0, 0, 0
+        self.group_batch = self.global_batch
 
-    def _restore(self, saved: dict) -> None:
-        """Draft, optimizer, scheduler, RNG and data position from a checkpoint."""
-        t = self.cfg.train
-        # batch_pos indexes this epoch's order: it must be the order the checkpoint was cut from.
+    def _restore_draft(self, saved: dict) -> None:
+        """The draft's weights from a checkpoint (before any wrapping), once its data order and config
+        are checked against this run."""
+        # row_pos indexes this epoch's order: it must be the order the checkpoint was cut from. The
+        # global batch may change (another number of ranks): the order of conversations stays.
         was, now = saved["meta"].get("data_order"), self.data_order()
-        if was is not None and was != now:
+        if was is not None and any(was.get(k) != now[k] for k in now):
             diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
             raise ckpt.CheckpointError(
                 f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
@@ -280,11 +325,28 @@ class Trainer:
                 f"{self.resumed_from}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
                 "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
         self.draft.load_state_dict(saved["model_state"])
-        self.optimizer.load_state_dict(saved["optim"]["optimizer"])
+
+    def _restore(self, saved: dict) -> None:
+        """Optimizer, scheduler, this rank's RNG and the data position from a checkpoint."""
+        t = self.cfg.train
+        parallel.load_optimizer(self.model, self.optimizer, saved["optim"]["optimizer"])
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
-        ckpt.set_rng_state(saved["rng"])
+        ckpt.set_rng_state(saved["rng"], self.ranks.rank)
+        n_rng = len(saved["rng"].get("ranks") or [None])
         meta = saved["meta"]
         self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        # checkpoints before ranks counted micro-batches of train.batch_size on one process
+        was_batch = meta.get("global_batch") or (meta.get("data_order") or {}).get("train.batch_size", t.batch_size)
+        was_world = meta.get("world_size", 1)
+        self.row_pos = meta.get("row_pos", min(self.batch_pos * was_batch, len(self.train_set)))
+        self.group_batch = was_batch  # the rest of this epoch keeps the grouping it was cut with
+        if (was_world, was_batch) != (self.ranks.world, self.global_batch):
+            self.resume_note = (
+                f"resume: the checkpoint was cut by {was_world} rank(s), global batch {was_batch}; this run has "
+                f"{self.ranks.world} rank(s), global batch {self.global_batch}: the same global order of "
+                f"conversations continues at conversation {self.row_pos} of epoch {self.epoch}"
+                + ("" if self.ranks.world <= n_rng else f"; ranks {n_rng}..{self.ranks.world - 1} start from "
+                   "rank 0's RNG state (training draws are keyed by conversation, not by rank)"))
         # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
         # budget re-aims the curve at total_steps from here, without a jump.
         if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
@@ -300,41 +362,83 @@ class Trainer:
         batches = (collate(examples, self.pad_id) for examples in micro)
         return self.engine.supervision(self.family.SUPERVISION, batches, self.aux_ids)
 
-    def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Any]] = None):
+    def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Any]] = None,
+                generators: Optional[list[torch.Generator]] = None):
         """Supervision for ``examples`` -> one draft forward -> (output with .loss and .sums, real tokens).
 
         ``supervised`` is the (batch, supervision) pair :meth:`supervise` made for ``examples``
-        (computed here when None).
+        (computed here when None); ``generators``: one per row for the family's training draws.
         """
         batch, sup = supervised if supervised is not None else next(iter(self.supervise([examples])))
-        # the nccl data plane delivers on the GPU the channel uses
-        sup = supervision_to(sup, next(self.draft.parameters()).device)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16):
-            out = self.draft.supervised(sup)
+        sup = supervision_to(sup, self.device)  # a no-op when the engine delivered on the draft's device
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.model(sup, generators)  # draft.supervised, through DDP / FSDP2 when wrapped
         return out, int(batch.attention_mask.sum())
 
-    def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None) -> dict:
-        """One optimizer step over ``window`` (up to grad_accum micro-batches).
+    def global_loss(self, out: Any, weight: float = 1.0) -> tuple[torch.Tensor, float]:
+        """(loss to backpropagate, loss value) of this rank's share of a global micro-batch.
+
+        One rank: the family's loss. Several: its LossParts with the denominators summed over ranks,
+        times the world size (DDP and FSDP average gradients over ranks), so the gradient equals one
+        process holding the whole global micro-batch; the value is that process's loss."""
+        if self.ranks.world == 1:
+            return out.loss, float(out.loss.detach())
+        p = out.parts
+        num, den = p.num * weight, p.den * weight
+        both = dist.all_reduce_sum(torch.cat([num.detach(), den]).float())
+        g_num, g_den = both[: num.numel()], both[num.numel() :]
+        return p.loss(den=g_den, num=num) * self.ranks.world, float(p.loss(den=g_den, num=g_num))
+
+    def reduce_sums(self, sums: dict, tokens: int) -> tuple[dict, int]:
+        """Metric sums and real tokens added over ranks (one all-reduce; unchanged for one rank)."""
+        if self.ranks.world == 1:
+            return sums, tokens
+        keys = sorted(sums)
+        flat = torch.cat([sums[k].reshape(-1).double().cpu() for k in keys] + [torch.tensor([float(tokens)], dtype=torch.float64)])
+        flat = dist.all_reduce_sum(flat.to(self.device) if self.device.type == "cuda" else flat).cpu()
+        out, i = {}, 0
+        for k in keys:
+            n = sums[k].numel()
+            out[k] = flat[i : i + n].reshape(sums[k].shape).to(sums[k].dtype)
+            i += n
+        return out, int(flat[-1])
+
+    def row_generators(self, rows: list[int]) -> list[torch.Generator]:
+        """One generator per training conversation, seeded by (train.seed, epoch, conversation)."""
+        return [torch.Generator().manual_seed(row_seed(self.cfg.train.seed, self.epoch, i)) for i in rows]
+
+    def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None,
+                     weights: Optional[list[float]] = None,
+                     generators: Optional[list[Optional[list[torch.Generator]]]] = None) -> dict:
+        """One optimizer step over ``window`` (up to grad_accum micro-batches of this rank).
 
         Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
         than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
         single batch holding its rows, not under-weighted by 1/grad_accum. ``sups`` yields the
-        window's (batch, supervision) pairs in order (from :meth:`supervise`). Returns the loss,
-        the real tokens and the family's metric sums over the window.
+        window's (batch, supervision) pairs in order (from :meth:`supervise`); ``weights`` (1 or 0
+        per micro-batch, see :func:`rank_share`) and ``generators`` (per micro-batch, one per row)
+        default to 1 and None. Returns the loss, the real tokens and the family's metric sums over the
+        window, all ranks together.
         """
         t = self.cfg.train
-        self.draft.train()
+        self.model.train()
         if hasattr(self.draft, "set_progress"):  # a loss schedule over optimizer steps (Domino)
             self.draft.set_progress(self.step, self.total_steps)
         loss, tokens, sums = 0.0, 0, None
-        for examples in window:
-            out, n_tok = self.forward(examples, next(sups) if sups is not None else None)
-            (out.loss / len(window)).backward()
-            tokens += n_tok
-            loss += float(out.loss.detach()) / len(window)
-            sums = add_sums(sums, out.sums)
+        for i, examples in enumerate(window):
+            weight = 1.0 if weights is None else weights[i]
+            # gradients are reduced over ranks in the window's last backward only
+            with parallel.grad_sync(self.model, sync=i == len(window) - 1):
+                out, n_tok = self.forward(examples, next(sups) if sups is not None else None,
+                                          generators[i] if generators is not None else None)
+                grad_loss, value = self.global_loss(out, weight)
+                (grad_loss / len(window)).backward()
+            tokens += n_tok if weight else 0
+            loss += value / len(window)
+            sums = add_sums(sums, {k: v * int(weight) for k, v in out.sums.items()})
+        sums, tokens = self.reduce_sums(sums, tokens)
         if t.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad], t.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], t.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -352,22 +456,28 @@ class Trainer:
         while self.epoch < t.epochs and not stop:
             order = epoch_order(len(self.train_set), self.epoch, t.seed)
             if t.group_by_length:
-                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], t.batch_size)
-            mbs = micro_batches(order, t.batch_size)
-            sups = self.supervise([self.train_set[i] for i in idx] for idx in mbs[self.batch_pos :])
-            while self.batch_pos < len(mbs) and not stop:
+                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], self.group_batch)
+            # global micro-batches from where this epoch stands; this rank's share of each
+            mbs = micro_batches(order[self.row_pos :], self.global_batch)
+            shares = [rank_share(rows, t.batch_size, self.ranks.rank) for rows in mbs]
+            sups = self.supervise([self.train_set[i] for i in rows] for rows, _ in shares)
+            done = 0  # micro-batches of mbs done
+            while done < len(mbs) and not stop:
                 # A window of grad_accum micro-batches; the trailing partial window is flushed
                 # with each micro-batch weighted 1/len(window), so it equals one batch of its rows.
-                window = mbs[self.batch_pos : self.batch_pos + t.grad_accum]
-                stats = self.train_window([[self.train_set[i] for i in idx] for idx in window], sups)
+                window = shares[done : done + t.grad_accum]
+                stats = self.train_window([[self.train_set[i] for i in rows] for rows, _ in window], sups,
+                                          [w for _, w in window], [self.row_generators(rows) for rows, _ in window])
                 tokens += stats["tokens"]
                 loss_sum = stats["loss"]
                 summary = self.family.summarize(stats["sums"])
                 scalars = self.family.scalars(summary)
                 self.step += 1
+                self.row_pos += sum(len(rows) for rows in mbs[done : done + len(window)])
                 self.batch_pos += len(window)
+                done += len(window)
                 history.append((self.step, loss_sum))
-                elapsed = time.perf_counter() - start
+                elapsed = self.elapsed(start)
                 stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
                 if t.max_time_s is not None:
                     # The bar's total (and so its ETA) is where the time budget stops the run, not
@@ -392,25 +502,43 @@ class Trainer:
                 if t.save_every and self.step % t.save_every == 0 and not stop:
                     last_ckpt = self.save()
                 if t.spec_eval_every and self.step % t.spec_eval_every == 0 and not stop:
-                    from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
-
-                    trainer_spec_eval(self, simulated=summary.get("simulated_tau"))
+                    self.spec_eval(summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
-            if self.batch_pos >= len(mbs):
-                self.epoch, self.batch_pos = self.epoch + 1, 0
+            if done >= len(mbs):
+                self.epoch, self.batch_pos, self.row_pos = self.epoch + 1, 0, 0
+                self.group_batch = self.global_batch
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
         eval_metrics = self.evaluate()
         if t.spec_eval_every:
-            from draftsmith.eval.offline import trainer_spec_eval
-
-            eval_metrics.update(trainer_spec_eval(self, simulated=eval_metrics.get("simulated_tau")))
+            eval_metrics.update(self.spec_eval(eval_metrics.get("simulated_tau")))
         last_ckpt = self.save()
         if self.writer is not None:
             self.writer.close()
         return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
+
+    def elapsed(self, start: float) -> float:
+        """Seconds since ``start``, the largest over ranks: every rank takes the same stop and LR
+        decisions from it (a rank that stopped alone would hang the others' all-reduce)."""
+        elapsed = time.perf_counter() - start
+        if self.ranks.world == 1 or self.cfg.train.max_time_s is None:
+            return elapsed
+        import torch.distributed as tdist
+
+        box = torch.tensor([elapsed], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        tdist.all_reduce(box, op=tdist.ReduceOp.MAX)
+        return float(box)
+
+    def spec_eval(self, simulated: Optional[float]) -> dict:
+        """Real speculative decoding on held-out prompts (eval/offline.py), on rank 0 with the whole
+        draft (FSDP2 is refused at setup); other ranks wait at the next collective."""
+        from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
+
+        result = trainer_spec_eval(self, simulated=simulated) if self.ranks.main else {}
+        dist.barrier()
+        return result
 
     def describe(self) -> list[str]:
         """What setup found, printed before training by ``train`` and ``demo``: the data report
@@ -432,13 +560,17 @@ class Trainer:
             lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
         else:
             lines.append(f"budget: {steps}{start}")
+        how = f"{t.parallel}, {'nccl' if self.device.type == 'cuda' else 'gloo'}, " if self.ranks.world > 1 else ""
+        lines.append(f"batch: {self.ranks.world} rank(s) x batch {t.batch_size} x grad_accum {t.grad_accum} = global batch "
+                     f"{self.global_batch * t.grad_accum} ({how}device {self.device}, bf16 {'on' if self.bf16 else 'off'})")
+        if self.resume_note:
+            lines.append(self.resume_note)
         return lines
 
     def data_order(self) -> dict:
         """What fixes the order of micro-batches (checked on resume)."""
         t = self.cfg.train
-        return {"train.seed": t.seed, "train.batch_size": t.batch_size, "train.group_by_length": t.group_by_length,
-                "train conversations": len(self.train_set)}
+        return {"train.seed": t.seed, "train.group_by_length": t.group_by_length, "train conversations": len(self.train_set)}
 
     def fit_schedule(self, elapsed: float, done: int, every: int = 25) -> None:
         """End the cosine at the step train.max_time_s is expected to stop at (re-estimated every
@@ -451,24 +583,27 @@ class Trainer:
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out loss (mean over micro-batches) and the family's summary of its metric sums over
-        the whole split (EAGLE-3: per-step accuracy, simulated tau, positions)."""
+        """Held-out loss (mean over global micro-batches) and the family's summary of its metric sums
+        over the whole split (EAGLE-3: per-step accuracy, simulated tau, positions), all ranks together."""
         if not self.eval_set:
             return {}
         if hasattr(self.draft, "set_progress"):  # a step-dependent loss (Domino): the held-out loss at this step,
             self.draft.set_progress(self.step, self.total_steps)  # the same whether or not the run was resumed
-        self.draft.eval()
+        self.model.eval()
         t = self.cfg.train
         sums, loss_sum, n = None, 0.0, 0
-        starts = list(range(0, len(self.eval_set), t.batch_size))[: t.eval_max_batches]
-        micro = [self.eval_set[start : start + t.batch_size] for start in starts]
-        if not micro:  # train.eval_max_batches: 0
+        starts = list(range(0, len(self.eval_set), self.global_batch))[: t.eval_max_batches]
+        shares = [rank_share(list(range(i, min(i + self.global_batch, len(self.eval_set)))), t.batch_size, self.ranks.rank)
+                  for i in starts]
+        if not shares:  # train.eval_max_batches: 0
             return {}
-        for examples, supervised in zip(micro, self.supervise(micro)):
+        micro = [[self.eval_set[i] for i in rows] for rows, _ in shares]
+        for (examples, supervised), (_, weight) in zip(zip(micro, self.supervise(micro)), shares):
             out, _ = self.forward(examples, supervised)
-            sums = add_sums(sums, {k: v.float() for k, v in out.sums.items()})
-            loss_sum += float(out.loss.detach())
+            sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
+            loss_sum += self.global_loss(out, weight)[1]
             n += 1
+        sums, _ = self.reduce_sums(sums, 0)
         metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
         if self.writer is not None:
             self.writer.add_scalar("eval/loss", metrics["loss"], self.step)
@@ -478,11 +613,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ save
     def save(self) -> Path:
+        """A checkpoint of the whole run: every rank gathers (FSDP2 shards, RNG states), rank 0 writes,
+        all wait for the write, so no rank runs ahead of a checkpoint that may yet fail."""
+        model_state, optim_state = parallel.full_state(self.model, self.draft, self.optimizer)
+        rng_states = dist.all_gather_objects(ckpt.rng_state())
         vocab = {"draft_ids": self.vocab.draft_ids.to(torch.int64), "d2t": self.vocab.d2t.to(torch.int64),
                  "t2d": self.vocab.t2d.to(torch.bool)}
         meta = {
-            "data_epoch": self.epoch,  # where the data order resumes: (epoch, micro-batch position)
-            "batch_pos": self.batch_pos,
+            "data_epoch": self.epoch,  # where the data order resumes: (epoch, conversations done in it)
+            "row_pos": self.row_pos,
+            "batch_pos": self.batch_pos,  # global micro-batches done in the epoch
+            "global_batch": self.global_batch,  # the batch the rest of the epoch is grouped with (group_by_length)
+            "world_size": self.ranks.world,
+            "parallel": self.cfg.train.parallel if self.ranks.world > 1 else None,
             "data_order": self.data_order(),
             "total_steps": self.total_steps,
             "aux_layer_ids": self.aux_ids,
@@ -497,15 +640,19 @@ class Trainer:
             meta.update(self.family.checkpoint_meta(self.draft))
         # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
         name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
-        return ckpt.save_checkpoint(
-            self.ckpt_root, name_epoch, self.step,
-            model_state=self.draft.state_dict(),
-            model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
-            vocab=vocab,
-            optim_state={"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-            meta=meta,
-            run_config_yaml=dump_config(self.cfg),
-        )
+        if self.ranks.main:
+            path = ckpt.save_checkpoint(
+                self.ckpt_root, name_epoch, self.step,
+                model_state=model_state,
+                model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
+                vocab=vocab,
+                optim_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
+                meta=meta,
+                run_config_yaml=dump_config(self.cfg),
+                rng_states=rng_states,
+            )
+        dist.barrier()
+        return self.ckpt_root / ckpt.checkpoint_name(name_epoch, self.step) if not self.ranks.main else path
 
 
 def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
@@ -514,8 +661,9 @@ def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool
     the setup summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
-        for line in trainer.describe() if announce else ():
+        for line in trainer.describe() if announce and trainer.ranks.main else ():
             announce(line)
         return trainer.run()
     finally:
         trainer.engine.close()
+        dist.shutdown()
