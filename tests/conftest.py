@@ -17,3 +17,16 @@ def restore_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def auto_device_is_cpu_outside_gpu_tests(request, monkeypatch):
+    """``train.device: auto`` means the CPU in tests not marked ``gpu``, so a GPU machine runs the CPU
+    suite as CI does (bitwise resume checks and all); ``gpu`` tests and explicit devices are untouched."""
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    import draftsmith.distributed as d
+
+    real = d.resolve_device
+    monkeypatch.setattr(d, "resolve_device",
+                        lambda spec, local_rank=0: real("cpu" if str(spec).strip().lower() == "auto" else spec, local_rank))

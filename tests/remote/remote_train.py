@@ -31,7 +31,9 @@ def train_config(target, data, out, engine="hf", urls=(), **target_extra):
                    **target_extra},
         "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2, "draft_vocab_size": 64},
         "draft": {"ttt_steps": 2, **draft},
-        "train": {"epochs": 1, "batch_size": 2, "lr": 3e-3, "max_steps": 6, "eval_max_batches": 1, **train},
+        # the draft on the CPU on any machine: these tests compare supervision paths bit for bit
+        "train": {"epochs": 1, "batch_size": 2, "lr": 3e-3, "max_steps": 6, "eval_max_batches": 1, "device": "cpu",
+                  **train},
         "output": {"dir": str(out), "tensorboard": False},
     })
 
