@@ -43,7 +43,8 @@ def exec_torchrun(nproc: int, argv: Sequence[str]) -> int:
             skip = True
         elif not a.startswith("--nproc="):
             rest.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", "draftsmith", *rest]
+    # --standalone: a local rendezvous on a free port (several jobs on one machine do not collide)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "draftsmith", *rest]
     sys.stdout.flush()
     os.execv(sys.executable, cmd)
     return 0  # not reached

@@ -47,13 +47,17 @@ def config(tiny, out, family="eagle3", **train):
     }
 
 
-def torchrun(raw: dict, path: Path, nproc: int = 2, *args: str, wait: bool = True, timeout: float = 240):
-    """``torchrun --nproc-per-node nproc -m draftsmith train path`` on a config written from ``raw``."""
+def torchrun(raw: dict, path: Path, nproc: int = 2, *args: str, wait: bool = True, timeout: float = 240,
+             cli: bool = False):
+    """``torchrun --nproc-per-node nproc -m draftsmith train path`` on a config written from ``raw``
+    (``cli``: through ``draftsmith train path --nproc nproc``, which execs the same)."""
     path.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
            "-m", "draftsmith", "train", str(path), "--no-progress", *args]
+    if cli:
+        cmd = [sys.executable, "-m", "draftsmith", "train", str(path), "--nproc", str(nproc), "--no-progress", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     if not wait:
         return proc
@@ -157,7 +161,8 @@ def test_resume_across_world_sizes_continues_the_global_order(tiny, tmp_path):
 
 def test_resume_with_another_global_batch_continues_at_the_same_conversation(tiny, tmp_path):
     raw = config(tiny, tmp_path / "two", epochs=1, save_every=2)
-    torchrun(raw, tmp_path / "two.yaml")
+    out = torchrun(raw, tmp_path / "two.yaml", cli=True)  # draftsmith train --nproc 2
+    assert "2 rank(s) x batch 2 x grad_accum 1 = global batch 4 (ddp, gloo" in out
     mid = tmp_path / "two" / "checkpoints" / "epoch_0_step_2"  # 8 conversations done
     result = train(build_config(config(tiny, tmp_path / "one", epochs=1, save_every=1)), resume=mid, progress=False)
     first = json.loads((tmp_path / "one" / "checkpoints" / "epoch_0_step_3" / "meta.json").read_text())
@@ -181,3 +186,23 @@ def test_two_ranks_against_two_servers_equal_two_ranks_colocated(tiny, tmp_path)
             s.kill()
     assert "trained 7 steps" in out
     assert_close_weights(weights(tmp_path / "colocated"), weights(tmp_path / "remote"))
+
+
+def test_nproc_bad_values_are_refused(tmp_path, monkeypatch, capsys):
+    from draftsmith.cli import main
+
+    assert main(["train", "--nproc", "0"]) == 2
+    assert "--nproc 0: expected >= 1" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--nproc", "2"]) == 2
+    assert "--nproc inside a torchrun job" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "x")  # checked before the target loads
+    assert main(["train", "--set", f"output.dir={tmp_path}"]) == 2
+    assert "environment RANK='x': expected an integer (torchrun sets it)" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    if not torch.cuda.is_available():
+        assert main(["train", "--set", "train.device=cuda", "--set", f"output.dir={tmp_path}"]) == 2
+        assert "train.device 'cuda': this machine has no CUDA GPU" in capsys.readouterr().err
+    assert main(["train", "--set", "train.device=tpu"]) == 2
+    assert "'train.device' = 'tpu': expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
