@@ -358,10 +358,10 @@ class DFlashDraft(nn.Module):
         return self.block_loss(h, labels, lmask, anchor, sup)
 
     def supervised(self, sup: Any, generators: RowGenerators = None) -> DFlashOutput:
-        """Training: row i's anchors from ``generators[i]`` (None: torch's global RNG, saved in
-        checkpoints, so resume is bitwise); eval mode: a fixed generator, so held-out metrics compare
-        across evaluations."""
-        gen = generators if self.training else torch.Generator().manual_seed(0)
+        """Row i's anchors from ``generators[i]``. Without them: torch's global RNG in training (saved
+        in checkpoints, so resume is bitwise), a fixed generator in eval mode (held-out metrics compare
+        across evaluations)."""
+        gen = generators if generators is not None or self.training else torch.Generator().manual_seed(0)
         return self(sup, gen)
 
     # ------------------------------------------------------------------ inference

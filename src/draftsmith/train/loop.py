@@ -598,8 +598,11 @@ class Trainer:
         if not shares:  # train.eval_max_batches: 0
             return {}
         micro = [[self.eval_set[i] for i in rows] for rows, _ in shares]
-        for (examples, supervised), (_, weight) in zip(zip(micro, self.supervise(micro)), shares):
-            out, _ = self.forward(examples, supervised)
+        for (examples, supervised), (rows, weight) in zip(zip(micro, self.supervise(micro)), shares):
+            # held-out draws (DFlash anchors) keyed by the conversation: the same at every evaluation,
+            # whatever the batch or the number of ranks
+            gens = [torch.Generator().manual_seed(row_seed(t.seed, -1, i)) for i in rows]
+            out, _ = self.forward(examples, supervised, gens)
             sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
             loss_sum += self.global_loss(out, weight)[1]
             n += 1
