@@ -74,13 +74,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from draftsmith import ranked
     from draftsmith.cache.build import build_cache
     from draftsmith.config import load_config
+    from draftsmith.distributed import ranks_from_env, shutdown
 
     cfg = load_config(args.config, args.set)
-    build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                progress=not args.no_progress)
-    print(f"train from it with: --set target.engine=cache --set target.cache_dir={args.out}")
+    ranks = ranks_from_env()
+    ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
+    try:
+        build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
+                    progress=not args.no_progress)
+    finally:
+        shutdown()
+    if ranks.main:
+        print(f"train from it with: --set target.engine=cache --set target.cache_dir={args.out}")
     return 0
 
 
@@ -96,7 +104,9 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     import importlib.util
     import json
 
+    from draftsmith import ranked
     from draftsmith.data.regenerate import RegenError, RegenSettings, regenerate
+    from draftsmith.distributed import ranks_from_env, shutdown
 
     engine = args.engine or ("url" if args.url else "vllm" if importlib.util.find_spec("vllm") else "hf")
     try:
@@ -108,8 +118,15 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
                              top_p=args.top_p, seed=args.seed, chat_template_kwargs=kwargs, system=args.system,
                              max_turns=args.max_turns, max_rows=args.max_rows, shard_size=args.shard_size,
                              max_prompt_tokens=args.max_prompt_tokens)
-    r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
-                   concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress)
+    ranks = ranks_from_env()
+    ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
+    try:
+        r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
+                       concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress)
+    finally:
+        shutdown()
+    if not ranks.main:
+        return 0  # rank 0 prints the summary
     c = r.manifest["counts"]
     print(f"regenerated {c['conversations']} conversations ({c['assistant_turns']} assistant turns) in {r.shards} "
           f"shard(s), {r.shards_done_before} reused; {r.new_tokens} new tokens in {r.wall_s:.0f} s "

@@ -23,7 +23,8 @@ Output ``DIR``: ``shard-NNNNNN.jsonl`` (OpenAI ``messages`` rows, ``shard_size``
 written whole with tmp + ``os.replace``) and ``manifest.json`` (target fingerprint, sampling
 settings, template kwargs, source fingerprint, counts). A rerun (after kill -9 too) keeps the
 finished shards and redoes only the rest; sampling is seeded per (conversation, turn), so the file
-set equals an uninterrupted run. A changed setting refuses to resume, naming it.
+set equals an uninterrupted run. A changed setting refuses to resume, naming it. Under torchrun the
+ranks split the shards (shard i: rank i % N) and rank 0 merges one manifest (:mod:`draftsmith.ranked`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from draftsmith import ranked
 from draftsmith.cache.store import target_fingerprint, write_atomic
 from draftsmith.data.formats import DataError
 
@@ -310,12 +312,49 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     ``target`` is a checkpoint path (``smollm2`` resolves to the embedded default); with
     ``settings.engine == "url"`` it names the tokenizer-free target only for the manifest and ``url``
     is the server. ``generator`` replaces the engine (tests).
+
+    Under torchrun (``torchrun --nproc-per-node N -m draftsmith regenerate ...``; the CLI joins the
+    process group) shard i is written by rank i % N and rank 0 writes the one manifest (see
+    :mod:`draftsmith.ranked`); the files equal a one-process run's. Each rank opens its own engine:
+    with ``vllm`` each rank runs its own vLLM instance, each on its own GPU (on one machine, give each
+    local rank its own ``CUDA_VISIBLE_DEVICES``); the ranks split the shards, they do not form a vLLM
+    data-parallel group. ``url`` ranks share the server. Progress and the summary come from rank 0.
     """
-    from tqdm import tqdm
-
-    from draftsmith.data.sources import load_conversations
-
     s = settings
+    _check_settings(s, url)
+    ranks = ranked.job_ranks(RegenError)
+    log = log if ranks.main else _quiet  # one summary, from rank 0
+    out = Path(out)
+    t0 = time.perf_counter()
+    plan, report, target, settings_now = _plan(sources, target, s, url, model, dtype)
+    n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
+    # Every rank must cut the same shards, or two ranks would write different rows under one name.
+    ranked.agree(ranks, settings_now, f"draftsmith regenerate --out {out}", RegenError)
+    manifest, done = ranked.main_first(ranks, lambda: _prepare(out, s, settings_now, n_shards))
+    kwargs = f", template kwargs {json.dumps(s.chat_template_kwargs)}" if s.chat_template_kwargs else ""
+    log(f"regenerate: {len(plan)} conversations ({report.summary()[6:]}), {n_shards} shard(s) of {s.shard_size}, "
+        f"{len(done)} already done; engine {s.engine}, max_new_tokens {s.max_new_tokens}, "
+        f"temperature {s.temperature}{kwargs}" + (f"; {ranks.world} ranks" if ranks.world > 1 else ""))
+    todo = ranked.owned([i for i in range(n_shards) if i not in done], ranks)
+
+    def work() -> int:
+        if not todo:
+            return 0  # no engine to load: this rank's shards are all on disk
+        gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs)
+        return _write_shards(gen, out, plan, todo, s, progress and ranks.main)
+
+    tokens = ranked.gather(ranks, work, RegenError, f"fix it and rerun the same command to finish {out}")
+    extra = {"source_rows": report.total, "source_bad_rows": report.bad}
+    manifest = ranked.main_first(ranks, lambda: _merge(out, manifest, n_shards, extra))
+    wall = time.perf_counter() - t0
+    return RegenResult(out, manifest["counts"]["conversations"], n_shards, len(done), sum(tokens), wall, manifest)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _check_settings(s: RegenSettings, url: Optional[str]) -> None:
     problems = []
     if s.engine not in ENGINES:
         problems.append(f"--engine {s.engine!r}: expected one of {', '.join(ENGINES)}")
@@ -330,8 +369,12 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         problems.append(f"--chat-template-kwargs {s.chat_template_kwargs!r}: expected a JSON object")
     if problems:
         raise RegenError("; ".join(problems))
-    out = Path(out)
-    t0 = time.perf_counter()
+
+
+def _plan(sources: list[str], target: str, s: RegenSettings, url: Optional[str], model: Optional[str], dtype: str):
+    """``(plan, source report, resolved target, manifest settings)``: every rank computes the same."""
+    from draftsmith.data.sources import load_conversations
+
     convs, report = load_conversations(sources, max_rows=s.max_rows, seed=s.seed, require_assistant=False)
     plan = [prompt_segments(m, s.system) for m in convs]
     plan = [(head, segs[: s.max_turns] if s.max_turns else segs) for head, segs in plan]
@@ -346,7 +389,12 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         target = resolve_target(target)
         target_id = target_fingerprint(target, dtype)  # the dtype changes greedy text too
     settings_now = {**asdict(s), "target": target_id, "sources": list(sources), "source_fingerprint": fingerprint(plan)}
-    n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
+    return plan, report, target, settings_now
+
+
+def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> tuple[dict, list[int]]:
+    """Rank 0, before any rank writes a shard: clear temporaries, check (or write) the manifest's
+    settings and list the shards already on disk (written whole, so a file on disk is done)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp*"):  # a kill -9 mid-write leaves these; they never count
         stale.unlink()
@@ -357,43 +405,55 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         manifest = {"format": FORMAT, "version": VERSION, "settings": settings_now,
                     "chat_template_kwargs": s.chat_template_kwargs, "counts": {}, "complete": False}
         _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    todo = [i for i in range(n_shards) if not (out / shard_name(i)).is_file()]
-    done_before = n_shards - len(todo)
-    log(f"regenerate: {len(plan)} conversations ({report.summary()[6:]}), {n_shards} shard(s) of {s.shard_size}, "
-        f"{done_before} already done; engine {s.engine}, max_new_tokens {s.max_new_tokens}, "
-        f"temperature {s.temperature}" + (f", template kwargs {json.dumps(s.chat_template_kwargs)}" if s.chat_template_kwargs else ""))
-    new_tokens = 0
-    if todo:
-        if generator is None:
-            if s.engine == "url":
-                generator = URLGenerator(url, s, model=model, concurrency=concurrency)
-            elif s.engine == "vllm":
-                generator = VLLMGenerator(target, s, dtype=dtype, engine_kwargs=engine_kwargs)
-            else:
-                generator = HFGenerator(target, s, dtype=dtype)
-        bar = tqdm(total=sum(min(s.shard_size, len(plan) - i * s.shard_size) for i in todo),
-                   disable=not progress, desc="regenerate", unit="conv")
-        t_gen = time.perf_counter()
-        try:
-            for index in todo:
-                rows = plan[index * s.shard_size:(index + 1) * s.shard_size]
+    return manifest, [i for i in range(n_shards) if (out / shard_name(i)).is_file()]
 
-                def on_round(r: int, answered: int, tokens: int, done=new_tokens) -> None:
-                    # a shard's rounds can take minutes: show tokens/s as each one lands
-                    bar.set_postfix(shard=index, round=r, answered=answered,
-                                    tok_s=f"{(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
 
-                lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round)
-                _write_atomic(out / shard_name(index), "".join(lines))
-                new_tokens += tokens
-                bar.update(len(rows))
-                bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t_gen, 1e-9):.0f}")
-        finally:
-            bar.close()
-            generator.close()
-    finish(out, manifest, n_shards, {"source_rows": report.total, "source_bad_rows": report.bad})
-    wall = time.perf_counter() - t0
-    return RegenResult(out, manifest["counts"]["conversations"], n_shards, done_before, new_tokens, wall, manifest)
+def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: str, engine_kwargs) -> Generator:
+    """This rank's own engine."""
+    if s.engine == "url":
+        return URLGenerator(url, s, model=model, concurrency=concurrency)
+    if s.engine == "vllm":
+        return VLLMGenerator(target, s, dtype=dtype, engine_kwargs=engine_kwargs)
+    return HFGenerator(target, s, dtype=dtype)
+
+
+def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,
+                  progress: bool) -> int:
+    """Regenerate and write the shards ``todo`` (this rank's); the tokens generated."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=sum(min(s.shard_size, len(plan) - i * s.shard_size) for i in todo),
+               disable=not progress, desc="regenerate", unit="conv")
+    new_tokens, t_gen = 0, time.perf_counter()
+    try:
+        for index in todo:
+            rows = plan[index * s.shard_size:(index + 1) * s.shard_size]
+
+            def on_round(r: int, answered: int, tokens: int, done=new_tokens) -> None:
+                # a shard's rounds can take minutes: show tokens/s as each one lands
+                bar.set_postfix(shard=index, round=r, answered=answered,
+                                tok_s=f"{(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
+
+            lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round)
+            _write_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
+            new_tokens += tokens
+            bar.update(len(rows))
+            bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t_gen, 1e-9):.0f}")
+    finally:
+        bar.close()
+        generator.close()
+    return new_tokens
+
+
+def _merge(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> dict:
+    """Rank 0, after every rank finished: every shard must be on disk; then count and complete."""
+    for i in range(n_shards):
+        if not (out / shard_name(i)).is_file():
+            raise RegenError(f"{out / shard_name(i)}: missing after every rank finished; every rank must write the "
+                             f"same --out {out} (one machine or a shared filesystem); rerun the same command to "
+                             "redo it")
+    finish(out, manifest, n_shards, extra_counts)
+    return manifest
 
 
 def shard_rows(path: Path) -> list[dict]:

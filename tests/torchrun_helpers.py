@@ -1,0 +1,65 @@
+"""Launch ``torchrun -m draftsmith ...`` from tests (CPU, gloo) and compare output dirs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def launcher(nproc: int) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N`` as an argv: ``--standalone`` takes a free rendezvous
+    port, so two tests (or two sessions) never collide on 29500; a 0.1 s monitor notices a dead rank fast."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.1"]
+
+
+def torchrun(nproc: int, *args) -> list[str]:
+    """``torchrun ... -m draftsmith ARGS``."""
+    return launcher(nproc) + ["-m", "draftsmith", *map(str, args)]
+
+
+def one_process(*args) -> list[str]:
+    return [sys.executable, "-m", "draftsmith", *map(str, args)]
+
+
+def worker_pid(launcher_pid: int, rank: int, timeout_s: float = 60.0) -> int:
+    """The pid of torchrun's worker ``rank``: a child of the launcher whose environment has RANK=rank."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and _is_worker(proc, launcher_pid, rank):
+                return int(proc.name)
+        time.sleep(0.05)
+    raise AssertionError(f"torchrun pid {launcher_pid} has no worker of rank {rank} after {timeout_s} s")
+
+
+def _is_worker(proc: Path, launcher_pid: int, rank: int) -> bool:
+    try:
+        status = (proc / "status").read_text()
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        if ppid != launcher_pid:
+            return False
+        environ = dict(item.split(b"=", 1) for item in (proc / "environ").read_bytes().split(b"\0") if b"=" in item)
+    except (OSError, StopIteration, ValueError):  # the process ended while we looked
+        return False
+    return environ.get(b"RANK") == str(rank).encode()
+
+
+def files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir())}
+
+
+def assert_same_dirs(got: Path, want: Path) -> None:
+    """Same file names (no temporaries left) and the same bytes, file by file."""
+    a, b = files(got), files(want)
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    for name in b:
+        assert a[name] == b[name], f"{got / name} differs from {want / name}"
