@@ -77,6 +77,15 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
     raise DistError(f"train.device {spec!r}: expected auto, cpu, cuda or cuda:N")
 
 
+# torch modules with ``group=dist.group.WORLD`` default arguments (torch.distributed.nn.functional,
+# fsdp's ShardedGradScaler, ZeroRedundancyOptimizer). Imported AFTER the group is joined (transformers
+# imports them while it loads a model), those defaults hold the group, so destroy_process_group cannot
+# free it: gloo's worker threads outlive shutdown, and when one is still releasing the last collective's
+# tensors as Python exits, the rank aborts ("terminate called without an active exception", SIGABRT,
+# about 1 run in 8 here). Imported before, the defaults are None and shutdown joins those threads.
+_HOLD_THE_GROUP = ("torch.distributed.nn", "torch.distributed.fsdp", "torch.distributed.optim")
+
+
 def init(ranks: Ranks, device: torch.device, timeout_s: float = 1800.0) -> None:
     """Join torchrun's process group (nccl on a GPU, gloo on the CPU); nothing for one process."""
     import datetime
@@ -88,6 +97,10 @@ def init(ranks: Ranks, device: torch.device, timeout_s: float = 1800.0) -> None:
     if not dist.is_available():
         raise DistError(f"WORLD_SIZE={ranks.world} but this torch build has no torch.distributed; "
                         "run one process or install a torch with distributed support")
+    import importlib
+
+    for name in _HOLD_THE_GROUP:  # before the group exists: see above
+        importlib.import_module(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -45,22 +45,8 @@ def job_ranks(error: type[Exception]) -> Ranks:
     return ranks
 
 
-# torch modules with ``group=dist.group.WORLD`` default arguments (torch.distributed.nn.functional,
-# fsdp's ShardedGradScaler, ZeroRedundancyOptimizer). Imported AFTER the group is joined (transformers
-# imports them while it loads a model), those defaults hold the group, so destroy_process_group cannot
-# free it: gloo's worker threads outlive shutdown, and when one is still releasing the last collective's
-# tensors as Python exits, the rank aborts ("terminate called without an active exception", SIGABRT,
-# about 1 run in 8 here). Imported before, the defaults are None and shutdown joins those threads.
-_HOLD_THE_GROUP = ("torch.distributed.nn", "torch.distributed.fsdp", "torch.distributed.optim")
-
-
 def start(ranks: Ranks) -> None:
     """Join the process group for a sharded job (gloo: the collectives carry only small objects)."""
-    import importlib
-
-    if ranks.world > 1:
-        for name in _HOLD_THE_GROUP:
-            importlib.import_module(name)
     distributed.init(ranks, torch.device("cpu"), timeout_s=JOB_TIMEOUT_S)
 
 
