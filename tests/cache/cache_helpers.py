@@ -18,6 +18,16 @@ def tiny_setup(root: Path, n_chats: int = 12) -> tuple[Path, Path]:
     return target, write_chats(root / "chats.jsonl", n_chats, numbered=True)
 
 
+def tiny_run_config(root: Path, n_chats: int) -> tuple[Path, Path, Path]:
+    """(target, chats, run.yaml) under ``root``: a tiny target, ``n_chats`` chats and their hf run config."""
+    import yaml
+
+    target, data = tiny_setup(root, n_chats=n_chats)
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(raw_config(target, data, root / "run")))
+    return target, data, path
+
+
 def raw_config(target, data, out, engine="hf", cache_dir=None, draft=None, **train) -> dict:
     return {
         "target": {"path": str(target), "aux_layer_ids": AUX, "engine": engine,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cache_helpers import raw_config, tiny_setup
+from cache_helpers import tiny_run_config
 from draftsmith.cache import store
 from draftsmith.cache.build import build_cache
 from draftsmith.cache.store import CacheError
@@ -24,11 +24,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("build")
-    target, data = tiny_setup(root, n_chats=80)
-    path = root / "run.yaml"
-    path.write_text(yaml.safe_dump(raw_config(target, data, root / "run")))
-    return target, data, path
+    return tiny_run_config(tmp_path_factory.mktemp("build"), n_chats=80)
 
 
 def quiet(_):

@@ -11,9 +11,8 @@ import subprocess
 import time
 
 import pytest
-import yaml
 
-from cache_helpers import raw_config, tiny_setup
+from cache_helpers import tiny_run_config
 from draftsmith.cache import store
 from torchrun_helpers import assert_same_dirs, env, launcher, one_process, torchrun, worker_pid
 
@@ -25,9 +24,7 @@ N_SHARDS = 20  # 40 unique chats, 2 rows a shard
 def setup(tmp_path_factory):
     """The run config and the cache a single process builds from it (the reference)."""
     root = tmp_path_factory.mktemp("ranks")
-    target, data = tiny_setup(root, n_chats=40)
-    path = root / "run.yaml"
-    path.write_text(yaml.safe_dump(raw_config(target, data, root / "run")))
+    _, _, path = tiny_run_config(root, n_chats=40)
     whole = root / "whole"
     r = subprocess.run(one_process("cache", path, "--out", whole, *ARGS), env=env(), capture_output=True, text=True,
                        timeout=120)
