@@ -36,7 +36,7 @@ def exec_torchrun(nproc: int, argv: Sequence[str]) -> int:
         print("draftsmith: error: --nproc inside a torchrun job; drop --nproc (torchrun sets the ranks)", file=sys.stderr)
         return EXIT_BAD_INPUT
     rest, skip = [], False
-    for i, a in enumerate(argv):  # drop --nproc N / --nproc=N, keep everything else in order
+    for a in argv:  # drop --nproc N / --nproc=N, keep everything else in order
         if skip:
             skip = False
         elif a == "--nproc":

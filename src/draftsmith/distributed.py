@@ -123,13 +123,27 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks in place and return it (unchanged for one process)."""
+def _all_reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    """``tensor`` reduced over ranks (``op``: SUM or MAX); unchanged for one process. NCCL reduces
+    only GPU tensors: a CPU tensor travels through this rank's GPU and comes back on the CPU."""
     import torch.distributed as dist
 
-    if active():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
+    if not active():
+        return tensor
+    via_gpu = dist.get_backend() == "nccl" and tensor.device.type == "cpu"
+    box = tensor.to(torch.device("cuda", torch.cuda.current_device())) if via_gpu else tensor
+    dist.all_reduce(box, op=getattr(dist.ReduceOp, op))
+    return box.cpu() if via_gpu else box
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over ranks, on ``tensor``'s device (unchanged for one process)."""
+    return _all_reduce(tensor, "SUM")
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s element-wise maximum over ranks, on ``tensor``'s device (unchanged for one process)."""
+    return _all_reduce(tensor, "MAX")
 
 
 def all_gather_objects(obj: Any) -> list[Any]:

@@ -395,7 +395,7 @@ class Trainer:
             return sums, tokens
         keys = sorted(sums)
         flat = torch.cat([sums[k].reshape(-1).double().cpu() for k in keys] + [torch.tensor([float(tokens)], dtype=torch.float64)])
-        flat = dist.all_reduce_sum(flat.to(self.device) if self.device.type == "cuda" else flat).cpu()
+        flat = dist.all_reduce_sum(flat)
         out, i = {}, 0
         for k in keys:
             n = sums[k].numel()
@@ -403,9 +403,11 @@ class Trainer:
             i += n
         return out, int(flat[-1])
 
-    def row_generators(self, rows: list[int]) -> list[torch.Generator]:
-        """One generator per training conversation, seeded by (train.seed, epoch, conversation)."""
-        return [torch.Generator().manual_seed(row_seed(self.cfg.train.seed, self.epoch, i)) for i in rows]
+    def row_generators(self, rows: list[int], epoch: Optional[int] = None) -> list[torch.Generator]:
+        """One generator per conversation, seeded by (train.seed, epoch, conversation); ``epoch``
+        defaults to the current one (held-out draws use -1: the same at every evaluation)."""
+        epoch = self.epoch if epoch is None else epoch
+        return [torch.Generator().manual_seed(row_seed(self.cfg.train.seed, epoch, i)) for i in rows]
 
     def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None,
                      weights: Optional[list[float]] = None,
@@ -525,11 +527,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         if self.ranks.world == 1 or self.cfg.train.max_time_s is None:
             return elapsed
-        import torch.distributed as tdist
-
-        box = torch.tensor([elapsed], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
-        tdist.all_reduce(box, op=tdist.ReduceOp.MAX)
-        return float(box)
+        return float(dist.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64)))
 
     def spec_eval(self, simulated: Optional[float]) -> dict:
         """Real speculative decoding on held-out prompts (eval/offline.py), on rank 0 with the whole
@@ -601,8 +599,7 @@ class Trainer:
         for (examples, supervised), (rows, weight) in zip(zip(micro, self.supervise(micro)), shares):
             # held-out draws (DFlash anchors) keyed by the conversation: the same at every evaluation,
             # whatever the batch or the number of ranks
-            gens = [torch.Generator().manual_seed(row_seed(t.seed, -1, i)) for i in rows]
-            out, _ = self.forward(examples, supervised, gens)
+            out, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
             sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
             loss_sum += self.global_loss(out, weight)[1]
             n += 1

@@ -18,7 +18,7 @@ the wrapper sees the forward it must hook. Checkpoints stay in the one-process f
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -110,8 +110,3 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: di
     full = {"state": {order[int(i)]: s for i, s in state["state"].items()}, "param_groups": groups}
     set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
-
-def gathered_draft(model: nn.Module, draft: nn.Module) -> Optional[nn.Module]:
-    """A plain draft usable outside the wrapped forward (exact spec eval on rank 0): the draft itself
-    unless it is FSDP-sharded, then None."""
-    return None if is_fsdp(model) else draft
