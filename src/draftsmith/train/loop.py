@@ -448,12 +448,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
-        from tqdm import tqdm
+        from draftsmith.train.progress import TrainBar
 
         t = self.cfg.train
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not self.progress, desc="train", unit="step")
+        bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
+                       unit="step")
         stop = self.step >= self.total_steps
         while self.epoch < t.epochs and not stop:
             order = epoch_order(len(self.train_set), self.epoch, t.seed)
@@ -481,15 +482,10 @@ class Trainer:
                 history.append((self.step, loss_sum))
                 elapsed = self.elapsed(start)
                 stop = self.step >= self.total_steps or (t.max_time_s is not None and elapsed >= t.max_time_s)
-                if t.max_time_s is not None:
-                    # The bar's total (and so its ETA) is where the time budget stops the run, not
-                    # the end of the epoch; it ends full when the budget does. Set before the
-                    # update draws the bar.
-                    bar.total = self.step if stop else max(self.step + 1, reachable_step(
-                        self.step, self.total_steps, t.max_time_s, elapsed, self.step - start_step))
-                    if not stop:
-                        self.fit_schedule(elapsed, self.step - start_step)
-                bar.update(1)
+                if t.max_time_s is not None and not stop:
+                    self.fit_schedule(elapsed, self.step - start_step)
+                # under a budget, the bar's total is where it stops the run, and ends full when it does
+                bar.step(self.step, elapsed, stop)
                 bar.set_postfix(loss=f"{loss_sum:.3f}", **{k: f"{scalars[v]:.3f}" for k, v in self.family.PROGRESS.items()},
                                 tok_s=f"{tokens / max(elapsed, 1e-9):.0f}")
                 if self.writer is not None and (self.step % max(t.log_every, 1) == 0 or self.step == 1):

@@ -1,0 +1,73 @@
+"""The train bar under a time budget (``train.max_time_s``).
+
+Under a budget the time left is known exactly (budget - elapsed), so the bar shows that rather than
+tqdm's guess, and its total is the step the budget is expected to stop at. Step times vary a lot
+with conversation length (4x in the demo), so the total is estimated from the rate of the run so
+far, which settles, not from recent steps; and the first step of a process, which pays one-time
+costs (allocation, the first prefetch), is left out of that rate once a second step exists.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from tqdm import tqdm
+
+
+class BudgetProgress:
+    """The bar's total and the seconds left, step by step, for a run that stops at ``max_time_s``
+    (elapsed seconds of this process, as the trainer measures them: the max over ranks) or at
+    ``total_steps``. ``start_step`` is the step this process started from (non-zero on resume)."""
+
+    def __init__(self, max_time_s: float, total_steps: int, start_step: int = 0):
+        self.max_time_s, self.total_steps, self.start_step = max_time_s, total_steps, start_step
+        self.first_step_s: Optional[float] = None  # elapsed when this process's first step ended
+
+    def update(self, step: int, elapsed: float, stop: bool) -> tuple[int, float]:
+        """After ``step`` ended at ``elapsed`` -> (bar total, seconds left). At ``stop`` the total is
+        ``step`` (the bar ends full) and nothing is left; before it, at least one more step."""
+        done = step - self.start_step
+        if self.first_step_s is None:
+            self.first_step_s = elapsed
+        if stop:
+            return step, 0.0
+        if done >= 2:  # run-so-far rate without the first step's warm-up
+            per_step = (elapsed - self.first_step_s) / (done - 1)
+        else:
+            per_step = elapsed / max(done, 1)
+        budget_left = max(0.0, self.max_time_s - elapsed)
+        # The trainer stops after the first step that ends at or past the budget, hence ceil.
+        more = math.ceil(budget_left / per_step) if per_step > 0 else self.total_steps - step
+        total = min(self.total_steps, step + max(1, more))
+        # The data may run out first: then the run ends after total - step more steps.
+        left = min(budget_left, (total - step) * per_step) if total == self.total_steps else budget_left
+        return total, left
+
+
+class TrainBar(tqdm):
+    """tqdm with smoothing 0 (its rate and ETA: the whole run's average, not the last few steps);
+    under a budget (:meth:`budget`) its ETA is :class:`BudgetProgress`'s seconds left."""
+
+    left_s: Optional[float] = None  # read by format_dict, which tqdm's __init__ already calls
+
+    BUDGET_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{budget_left}, {rate_fmt}{postfix}]"
+
+    def __init__(self, total: int, initial: int, *, max_time_s: Optional[float] = None, **kwargs):
+        self.plan = BudgetProgress(max_time_s, total, initial) if max_time_s is not None else None
+        if self.plan is not None:
+            self.left_s = max_time_s
+            kwargs.setdefault("bar_format", self.BUDGET_FORMAT)
+        super().__init__(total=total, initial=initial, smoothing=0, **kwargs)
+
+    def step(self, step: int, elapsed: float, stop: bool) -> None:
+        """One step ended: re-estimate the total under a budget, then advance (which draws)."""
+        if self.plan is not None:
+            self.total, self.left_s = self.plan.update(step, elapsed, stop)
+        self.update(1)
+
+    @property
+    def format_dict(self):
+        d = super().format_dict
+        d["budget_left"] = self.format_interval(self.left_s) if self.left_s is not None else "?"
+        return d
