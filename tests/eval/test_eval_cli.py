@@ -100,3 +100,24 @@ def test_bench_server_completions_needs_a_tokenizer(tmp_path):
                   "--api", "completions"])
     with pytest.raises(EvalError, match="needs --tokenizer"):
         args.func(args)
+
+
+def test_automodel_layout_loads_as_served(tiny, tmp_path):
+    """NeMo AutoModel's checkpoint: the target's num_hidden_layers over one layer of weights, no aux
+    ids. Read as the engines serve it: the layers held, and the ids the engines default to."""
+    d = tmp_path / "automodel"
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in tiny.draft.state_dict().items()}, str(d / "model.safetensors"))
+    cfg = tiny.draft.export_config(AUX_IDS)
+    cfg["num_hidden_layers"] = 30
+    del cfg["eagle_config"], cfg["draftsmith"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(EvalError, match="eagle_aux_hidden_state_layer_ids is missing"):
+        load_draft(d)  # no engine default given: nothing to read the ids from
+    notes = []
+    family, model, ids, _ = load_draft(d, default_layer_ids=[2, 15, 27], notes=notes)
+    assert family == "eagle3" and ids == [2, 15, 27]
+    for k, v in tiny.draft.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert len(notes) == 2 and "num_hidden_layers 30 read as 1" in notes[0] and "reading [2, 15, 27]" in notes[1]
+    assert json.loads((d / "config.json").read_text())["num_hidden_layers"] == 30  # the file is only read

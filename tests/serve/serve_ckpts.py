@@ -64,6 +64,14 @@ def eagle_config(arch: str = "LlamaEagle3DraftModel", **extra) -> dict:
     return cfg
 
 
+def automodel_config(target_layers: int = 32, **extra) -> dict:
+    """The config.json NeMo AutoModel's EAGLE-3 recipe writes: built from the target's, so it carries
+    the TARGET's num_hidden_layers, and no eagle_aux_hidden_state_layer_ids (its defaults are vLLM's)."""
+    cfg = eagle_config(num_hidden_layers=target_layers, **extra)
+    del cfg["eagle_config"]
+    return cfg
+
+
 def dflash_config(**dflash) -> dict:
     return {"architectures": ["Qwen3DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H,
             "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HD,
@@ -126,6 +134,8 @@ def make(kind: str, root: Path) -> Path:
         return write(root / "jetspec", dflash_config(causal=True), dflash_state())
     if kind == "domino":
         return write(root / "domino", dflash_config(projector_type="domino"), dflash_state())
+    if kind == "automodel":  # AutoModel's layout: model.-prefixed weights, layer 0 only, no meta.json
+        return write(root / "automodel", automodel_config(), eagle_state())
     if kind == "standard":
         return write(root / "standard", eagle_config("LlamaForCausalLMEagle3"), eagle_state(prefix=""))
     if kind == "sharded":

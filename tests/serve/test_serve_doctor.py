@@ -58,10 +58,22 @@ def test_dflash_target_layer_ids_index_layer_outputs(tmp_path):
         "dflash_config.target_layer_ids [0, 2, 3] has [3] outside 0..2")
 
 
-def test_missing_aux_ids(tmp_path, target):
+def test_missing_aux_ids_take_the_engine_default_and_are_checked_against_training(tmp_path, target):
+    # NeMo AutoModel's checkpoint: no aux ids, the target's layer count: fixup + note, no problem
+    t32 = sc.make_target(tmp_path / "t32", num_hidden_layers=32)
+    found, notes = diagnose(resolve_draft(sc.make("automodel", tmp_path / "a")), target=str(t32))
+    assert found == []
+    aux = [n for n in notes if "eagle_aux_hidden_state_layer_ids is absent" in n]
+    assert len(aux) == 1 and "will use [2, 16, 29]" in aux[0], notes
+    assert "equals NeMo AutoModel's default (HF-hook ids [1, 15, 28] = engine ids [2, 16, 29])" in aux[0]
+    assert any(n.startswith("fixup: num_hidden_layers 32 -> 1 in the served copy") for n in notes), notes
+    # a draftsmith checkpoint whose meta.json records other ids than the engine's default
     cfg = sc.eagle_config()
     del cfg["eagle_config"]
-    one(problems(sc.write(tmp_path / "d", cfg, sc.eagle_state()), target), "eagle_aux_hidden_state_layer_ids' is missing")
+    ckpt = sc.draftsmith_checkpoint(tmp_path / "b", cfg, sc.eagle_state())  # meta: trained on [1, 3, 4]
+    one(problems(ckpt, t32), "vLLM would read [2, 16, 29]", "trained on [1, 3, 4]")
+    # the 6-layer target's default (2, 3, 3) dedups to 2 ids where the fc reads 3 states
+    one(problems(sc.write(tmp_path / "c", cfg, sc.eagle_state()), target), "[2, 3]", "fc reads 3")
 
 
 def test_d2t_out_of_range_and_t2d_disagreeing(tmp_path, target):

@@ -80,6 +80,32 @@ def family_of_config(config: dict) -> str:
     return "eagle3"
 
 
+def held_layers(names) -> set[int]:
+    """Decoder-layer indices an EAGLE-family state holds, from tensor names: ``layers.{i}.*``
+    (``model.`` prefix or not) and SGLang's ``midlayer.*`` (= layer 0)."""
+    names = {str(n).removeprefix("model.") for n in names}
+    layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
+    return layers | ({0} if any(n.startswith("midlayer.") for n in names) else set())
+
+
+def layer_count_fixup(config: dict, names) -> tuple[int, int] | None:
+    """(declared, held) when an EAGLE-family config.json declares MORE decoder layers than its
+    weights (tensor ``names``) hold, layers 0..held-1; None when they agree or for other families.
+
+    NeMo AutoModel's EAGLE-3 recipe builds the draft config from the target's, so config.json carries
+    the TARGET's ``num_hidden_layers`` (e.g. 32) over weights that hold ``layers.0`` only. vLLM 0.32
+    (``llama_eagle3.py``) builds ``num_hidden_layers`` layers, loads what the weights hold and leaves
+    the rest uninitialised without a word (its EAGLE-3 ``load_weights`` returns no loaded-name set,
+    so the loader's missing-weight check never runs). The layers the weights hold are the draft.
+    """
+    if family_of_config(config) not in ("eagle3", "peagle"):
+        return None
+    layers, want = held_layers(names), config.get("num_hidden_layers")
+    if not layers or want is None or layers != set(range(len(layers))) or int(want) <= len(layers):
+        return None
+    return int(want), len(layers)
+
+
 def get_family(name: str) -> ModuleType:
     """The module of family ``name``; a known-but-unsupported or unknown name is a one-line DraftError."""
     if name in FAMILIES:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from draftsmith.drafts import DraftError, family_of_config, get_family
+from draftsmith.drafts import DraftError, family_of_config, get_family, layer_count_fixup
 from draftsmith.drafts.eagle3 import Eagle3Draft
 from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
 from draftsmith.drafts.peagle import PEagleDraft
@@ -42,10 +42,12 @@ from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt, describe_prompts, load_prompts, render_prompt
 from draftsmith.eval.report import acceptance_stats, build_report
 from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, generate_speculative
+from draftsmith.targets.contract import engine_default_aux_layer_ids
 from draftsmith.weights import read_tensors
 
 EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
 BLOCK_FAMILIES = ("dflash", "jetspec", "domino")  # borrow the target's lm_head
+EAGLE_FAMILIES = ("eagle3", "peagle")  # read eagle_config.eagle_aux_hidden_state_layer_ids
 FAMILY_NAMES = {"peagle": "P-EAGLE (parallel)", "dflash": "DFlash (block)", "jetspec": "JetSpec (block)",
                 "domino": "Domino (block)"}
 
@@ -328,12 +330,17 @@ def resolve_draft_dir(path: str | Path) -> Path:
 
 
 def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = None,
-               target_lm_head: Optional[torch.Tensor] = None):
+               target_lm_head: Optional[torch.Tensor] = None, *, default_layer_ids: Optional[list[int]] = None,
+               notes: Optional[list[str]] = None):
     """Load a draft for inference through the family registry -> (family, model fp32 eval, layer ids, draft dir).
 
     The family comes from config.json (drafts.family_of_config); it must be registered and have a
     proposer here. ``target_embeddings`` (V, H) fills the draft's embeddings when it was saved without;
     block drafts also borrow ``target_lm_head`` (V, H) (None: the embeddings, a tied target).
+    The draft is read as the engines serve it: a config that declares more layers than the weights
+    hold (NeMo AutoModel's) takes the layers held, and an EAGLE-family config without aux layer ids
+    reads ``default_layer_ids`` (the target's engine default; None: refused). Each such reading is
+    appended to ``notes``.
     """
     d = resolve_draft_dir(path)
     config = json.loads((d / "config.json").read_text())
@@ -345,6 +352,17 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
                         f"({', '.join(EAGLE3_ARCHS)}), P-EAGLE and the DFlash family are; benchmark it on a "
                         "server with bench-server")
     state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
+    notes = [] if notes is None else notes
+    fix = layer_count_fixup(config, state)
+    if fix is not None:
+        config = {**config, "num_hidden_layers": fix[1]}
+        notes.append(f"{d / 'config.json'}: num_hidden_layers {fix[0]} read as {fix[1]}, the layers its weights "
+                     "hold (as draftsmith serve does)")
+    eagle = config.get("eagle_config") or {}
+    if family in EAGLE_FAMILIES and not eagle.get("eagle_aux_hidden_state_layer_ids") and default_layer_ids:
+        config = {**config, "eagle_config": {**eagle, "eagle_aux_hidden_state_layer_ids": list(default_layer_ids)}}
+        notes.append(f"{d / 'config.json'}: no eagle_aux_hidden_state_layer_ids; reading {list(default_layer_ids)}, "
+                     "the target's engine default (2, L//2, L-3), as vLLM and SGLang do")
     try:
         module = get_family(family)
         layer_ids = module.layer_ids_from_export(config)
@@ -447,8 +465,13 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
     engine = HFEngine(target, dtype=dtype)
     try:
         model, info = engine.model, engine.info()
+        notes: list[str] = []
         family, model_draft, aux_ids, _ = load_draft(
-            draft_dir, engine.embeddings(), engine.lm_head_weight() if family_of_dir(draft_dir) in BLOCK_FAMILIES else None)
+            draft_dir, engine.embeddings(), engine.lm_head_weight() if family_of_dir(draft_dir) in BLOCK_FAMILIES else None,
+            default_layer_ids=engine_default_aux_layer_ids(info.num_layers), notes=notes)
+        if progress:
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr, flush=True)
         c = model_draft.cfg
         if c.vocab_size != info.vocab_size or c.target_hidden_size != info.hidden_size:
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "

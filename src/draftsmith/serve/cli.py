@@ -81,6 +81,8 @@ def cmd_serve_sglang(args: argparse.Namespace) -> int:
     except ServeError as e:
         return _fail(e)
     print(f"draftsmith: {prepared.describe(args.print_only)}", file=sys.stderr)
+    for note in prepared.fixups:
+        print(f"draftsmith: fixup: {note}", file=sys.stderr)
     if args.print_only:
         print(shlex.join(argv))
         return 0
@@ -90,13 +92,17 @@ def cmd_serve_sglang(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_draft
-    from .resolve import ServeError
+    from .resolve import ServeError, resolve_draft, servable_config
 
     try:
+        draft = resolve_draft(args.ckpt)
+        fixups = [] if draft.is_hub else servable_config(draft)[1]
         out = export_draft(args.ckpt, args.out, to=args.to, target=args.target,
                            num_speculative_tokens=args.num_speculative_tokens, dflash_causal=args.dflash_causal)
     except ServeError as e:
         return _fail(e)
+    for note in fixups:
+        print(f"draftsmith: fixup: {note}", file=sys.stderr)
     print(out)
     if args.to == "speculators":
         print(f"serve it with: vllm serve {shlex.quote(str(out))}", file=sys.stderr)

@@ -7,10 +7,14 @@ when there is one.
 
 Checked: the engine can load this draft type and its required keys are present; weight shapes
 agree with the config (fc width = n_aux * target_hidden, lm_head rows = draft_vocab_size); d2t/t2d
-agree with each other and with the target vocab; aux layer ids are present, distinct and in range
-for the target (vLLM ids 0..L; DFlash ``target_layer_ids`` index layer outputs 0..L-1); the mask
+agree with each other and with the target vocab; aux layer ids are distinct and in range for the
+target (vLLM ids 0..L; DFlash ``target_layer_ids`` index layer outputs 0..L-1), and when an EAGLE
+config has none (NeMo AutoModel writes none), which ids the engines default to and whether that is
+what the checkpoint was trained on; the mask
 token (P-EAGLE, DFlash) is set, inside the embedding and not the target's pad/eos/bos; hidden sizes,
 vocab size and rope settings match the target; K (num_depths, block_size) is sensible.
+What serve and export fix in their copy (a config that declares more layers than the weights hold)
+is reported as a ``fixup:`` note, not a problem.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Optional
 
 from draftsmith.weights import read_tensors
 
-from .resolve import Draft, ServeError, family_weight_problems, is_dflash_family, weight_shapes
+from .resolve import Draft, ServeError, family_weight_problems, is_dflash_family, servable_config, weight_shapes
 
 EAGLE_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
                   "draft_vocab_size", "target_hidden_size")
@@ -93,8 +97,8 @@ def check_engine(draft: Draft, engine: str) -> list[str]:
     from .sglang import sglang_config
     from .vllm import vllm_config
 
-    try:
-        (sglang_config if engine == "sglang" else vllm_config)(draft.config)
+    try:  # the config serve hands the engine (fixups applied), not the source's
+        (sglang_config if engine == "sglang" else vllm_config)(servable_config(draft)[0])
     except ServeError as e:
         return [f"engine {engine}: {e}"]
     return []
@@ -113,10 +117,46 @@ def check_keys(cfg: dict, family: str) -> list[str]:
                 out.append(f"config.json: 'dflash_config.{key}' is missing; vLLM's DFlash loader needs it")
         if not (cfg.get("block_size") or dflash.get("block_size")):
             out.append("config.json: 'block_size' is missing; K defaults to block_size - 1, set it to the trained block size")
-    elif not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
-        out.append("config.json: 'eagle_config.eagle_aux_hidden_state_layer_ids' is missing; vLLM then guesses "
-                   "(2, L//2, L-3), which differs from what most drafts were trained on: write the training ids")
     return out
+
+
+def check_default_aux(draft: Draft, shapes: dict, tgt: Optional[TargetFacts]) -> tuple[list[str], list[str]]:
+    """An EAGLE-family config without ``eagle_aux_hidden_state_layer_ids`` (NeMo AutoModel writes none)
+    -> (problems, notes). vLLM and SGLang then read their default (2, L//2, L-3) of the target;
+    AutoModel's default HF-hook ids [1, L/2-1, L-4] (output of decoder layer j) are engine ids j+1 =
+    [2, L/2, L-3], the same layers. A problem only when the checkpoint's meta.json says it was
+    trained on other ids."""
+    from draftsmith.targets.contract import engine_default_aux_layer_ids
+
+    cfg = draft.config
+    if is_dflash_family(draft.family) or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
+            or cfg.get("eagle_aux_hidden_state_layer_ids"):
+        return [], []
+    key = "config.json: eagle_config.eagle_aux_hidden_state_layer_ids is absent"
+    if tgt is None:
+        return [], [f"{key}: vLLM and SGLang use their default (2, L//2, L-3) of the target, NeMo AutoModel's "
+                    "default too; pass --target to see the ids"]
+    L = tgt.num_layers
+    engine_ids = engine_default_aux_layer_ids(L)
+    automodel = sorted({1, L // 2 - 1, L - 4})  # AutoModel's HF-hook ids; engine id = hook id + 1
+    same = [i + 1 for i in automodel] == engine_ids
+    root = draft.checkpoint_root()
+    trained = None
+    if root is not None and (root / "meta.json").is_file():
+        trained = json.loads((root / "meta.json").read_text()).get("aux_layer_ids")
+    fc, ht = _shape(shapes, "fc.weight"), cfg.get("target_hidden_size") or cfg.get("hidden_size")
+    n_aux = int(fc[1]) // int(ht) if fc is not None and ht else len(engine_ids)
+    if n_aux != len(engine_ids):  # tiny targets: (2, L//2, L-3) deduplicated has fewer than 3 ids
+        return [f"{key} and vLLM would read {engine_ids} (its default for a {L}-layer target, deduplicated), "
+                f"{len(engine_ids)} states where the draft's fc reads {n_aux}; write the ids the draft was trained "
+                "on into eagle_config.eagle_aux_hidden_state_layer_ids"], []
+    if trained is not None and [int(i) for i in trained] != engine_ids:
+        return [f"{key} and vLLM would read {engine_ids} (its default for a {L}-layer target), but "
+                f"{root / 'meta.json'} says the draft was trained on {trained}; write eagle_config."
+                f"eagle_aux_hidden_state_layer_ids: {trained} into config.json or re-export the checkpoint"], []
+    return [], [f"{key}: vLLM and SGLang will use {engine_ids} (their default (2, L//2, L-3) for this {L}-layer "
+                f"target), which {'equals' if same else 'differs from'} NeMo AutoModel's default (HF-hook ids "
+                f"{automodel} = engine ids {[i + 1 for i in automodel]})"]
 
 
 def check_weights(cfg: dict, family: str, shapes: dict) -> list[str]:
@@ -269,6 +309,10 @@ def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm"
     problems += check_mask(cfg, family, tgt) + check_sizes(cfg, family, shapes, tgt) + check_k(cfg, family)
     # the weights of one EAGLE family under the other's config (what export and serve refuse)
     problems += [f"weights: {p}" for p in family_weight_problems(draft)]
+    aux_problems, aux_notes = check_default_aux(draft, shapes, tgt)
+    problems += aux_problems
+    # what serve and export change in their copy (the source stays as it is): fixups, not problems
+    notes += aux_notes + [f"fixup: {f}" for f in servable_config(draft)[1]]
     return problems, notes
 
 

@@ -22,16 +22,17 @@ import importlib.util
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from draftsmith.weights import read_tensors
 
-from .resolve import TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, check_family_weights, resolve_draft
+from .resolve import (TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, check_family_weights, resolve_draft,
+                      servable_config)
 
 VLLM_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
-EXPORT_VERSION = 2  # 2: t2d is carried. Bump when the copy format changes so old caches rebuild
+EXPORT_VERSION = 3  # 2: t2d is carried; 3: the layer count the weights hold. Bump when the copy format changes so old caches rebuild
 STAMP = "draftsmith_export.json"
 # On-disk draftsmith name -> vLLM name: only the `model.` prefix changes; top-level tensors keep
 # their names (vLLM reads lm_head, d2t, mask_hidden and skips t2d, which is carried for other readers).
@@ -187,6 +188,7 @@ class Prepared:
     path: str  # directory (or hub id) handed to the engine
     action: str  # "hub" | "reuse" | "export" | "update-config" | "as-is"
     note: str = ""
+    fixups: list[str] = field(default_factory=list)  # config fixups the copy carries (resolve.servable_config)
 
     def describe(self, dry_run: bool) -> str:
         verb = {"export": ("would export", "exported"), "update-config": ("would fix up", "fixed up")}
@@ -223,10 +225,11 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
         raise ServeError(f"export: '{src}' is a hub id; download it first (huggingface-cli download {src}) "
                          "and export the local directory")
     check_family_weights(draft)  # a rename would carry mislabelled weights to the engine unnoticed
+    config, _ = servable_config(draft)  # the copy's config (the CLI prints its fixups); the source is never modified
     if to == "vllm":
         from .vllm import vllm_config
 
-        return build_copy(draft, Path(dst), key_map=vllm_key, config=vllm_config(draft.config, dflash_causal=dflash_causal))
+        return build_copy(draft, Path(dst), key_map=vllm_key, config=vllm_config(config, dflash_causal=dflash_causal))
     if to == "sglang":
         from .sglang import sglang_copy_args
 
@@ -237,7 +240,7 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
         if not target:
             raise ServeError("export --to speculators: --target is required (the target path or hub id vLLM "
                              "should load as the verifier)")
-        cfg = speculators_config(draft.config, target=target, k=num_speculative_tokens, dflash_causal=dflash_causal)
+        cfg = speculators_config(config, target=target, k=num_speculative_tokens, dflash_causal=dflash_causal)
         return build_copy(draft, Path(dst), key_map=vllm_key, config=cfg)
     raise ServeError(f"export --to {to!r}: expected one of vllm, sglang, speculators")
 

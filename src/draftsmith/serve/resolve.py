@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from draftsmith.drafts import DFLASH_ARCHS, family_of_config  # noqa: F401 (DFLASH_ARCHS: re-exported)
+from draftsmith.drafts import held_layers as layers_in
+from draftsmith.drafts import layer_count_fixup as config_layer_fixup
 from draftsmith.weights import read_tensors
 
 SAFETENSORS = "model.safetensors"
@@ -205,6 +207,36 @@ def weight_names(draft: Draft) -> list[str]:
     return sorted(weight_shapes(draft))
 
 
+def held_layers(draft: Draft) -> set[int]:
+    """Decoder-layer indices an EAGLE-family draft's weights hold (tensor names only)."""
+    return layers_in(weight_names(draft))
+
+
+def layer_count_fixup(draft: Draft) -> Optional[tuple[int, int]]:
+    """(declared, held) when config.json declares more decoder layers than the weights hold
+    (:func:`draftsmith.drafts.layer_count_fixup`: NeMo AutoModel's checkpoints); None otherwise."""
+    if draft.is_hub:
+        return None
+    return config_layer_fixup(draft.config, weight_names(draft))
+
+
+def servable_config(draft: Draft) -> tuple[dict, list[str]]:
+    """``draft.config`` with the fixups that depend on its weights (a new dict; the source is never
+    modified), and one note per fixup. Today: the layer count of :func:`layer_count_fixup`."""
+    config = json.loads(json.dumps(draft.config))  # deep copy
+    notes = []
+    fix = layer_count_fixup(draft)
+    if fix is not None:
+        declared, held = fix
+        config["num_hidden_layers"] = held
+        if "num_draft_layers" in config:  # P-EAGLE configs that spell the depth out as well
+            config["num_draft_layers"] = held
+        notes.append(f"num_hidden_layers {declared} -> {held} in the served copy: the weights hold "
+                     f"{held} layer(s) (NeMo AutoModel writes the target's layer count; vLLM would build {declared} "
+                     f"layers and run {declared - held} of them uninitialised); {draft.config_path} is left as it is")
+    return config, notes
+
+
 def family_weight_problems(draft: Draft) -> list[str]:
     """EAGLE-family weights that config.json describes as the other family, one line each.
 
@@ -212,7 +244,8 @@ def family_weight_problems(draft: Draft) -> list[str]:
     rename, so a P-EAGLE checkpoint whose config lost ``parallel_drafting`` would be served as a
     multi-layer chain draft, and an EAGLE-3 checkpoint labelled P-EAGLE would reach vLLM without
     ``mask_hidden``. Checked from tensor names only (``model.`` prefix or not): ``mask_hidden`` and
-    the count of ``layers.{i}`` must match the family and ``num_hidden_layers``.
+    the count of ``layers.{i}`` must match the family and ``num_hidden_layers``. A config that only
+    declares more layers than the weights hold is a fixup (:func:`layer_count_fixup`), not a problem.
     """
     family = draft.family
     if draft.is_hub or family not in ("eagle3", "peagle"):
@@ -228,9 +261,9 @@ def family_weight_problems(draft: Draft) -> list[str]:
         out.append(f"{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are "
                    "not a P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from "
                    "config.json, or pass the P-EAGLE checkpoint you meant")
-    layers = {int(n.split(".")[1]) for n in names if n.startswith("layers.") and n.split(".")[1].isdigit()}
+    layers = held_layers(draft)
     want = draft.config.get("num_hidden_layers")
-    if layers and want is not None and layers != set(range(int(want))):
+    if layers and want is not None and layers != set(range(int(want))) and layer_count_fixup(draft) is None:
         out.append(f"{where} with num_hidden_layers {want} but its weights hold layers {sorted(layers)}; "
                    "set num_hidden_layers to the number of layers trained (P-EAGLE: num_draft_layers, "
                    "EAGLE-3: 1), or pass the checkpoint you meant")
@@ -244,5 +277,6 @@ def check_family_weights(draft: Draft) -> None:
         raise ServeError(f"{draft.dir}: {problems[0]}")
 
 
-__all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
+__all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "held_layers",
+           "layer_count_fixup", "servable_config", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
            "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS", "DFLASH_ARCHS"]

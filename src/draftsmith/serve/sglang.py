@@ -32,7 +32,8 @@ from typing import Optional, Sequence
 from draftsmith.weights import read_tensors
 
 from .export import Prepared, prepare_cached
-from .resolve import Draft, ServeError, check_family_weights, draft_family, is_dflash_family, reject_domino
+from .resolve import (Draft, ServeError, check_family_weights, draft_family, is_dflash_family, reject_domino,
+                      servable_config)
 
 SGLANG_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 TOKEN_MAP = "speculative_token_map.pt"
@@ -72,15 +73,18 @@ def sglang_config(config: dict) -> dict:
         raise ServeError(f"num_hidden_layers={config.get('num_hidden_layers')}: SGLang's EAGLE-3 loader reads one "
                          "draft layer (midlayer); serve multi-layer drafts with `draftsmith serve vllm`")
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if not ids or len(ids) != SGLANG_AUX:
+    if ids and len(ids) != SGLANG_AUX:
         raise ServeError(f"eagle_config.eagle_aux_hidden_state_layer_ids={ids}: SGLang needs exactly {SGLANG_AUX} aux "
                          "layer ids (its fc reads 3 target states); retrain with 3 aux layers or serve with vLLM")
     out = json.loads(json.dumps(config))
     out["architectures"] = [SGLANG_EAGLE3_ARCH]
     eagle = out.setdefault("eagle_config", {})
-    eagle["eagle_aux_hidden_state_layer_ids"] = [int(i) - 1 for i in ids]  # vLLM id -> SGLang id
     eagle.setdefault("use_aux_hidden_state", True)
-    out.setdefault("draftsmith", {})["vllm_aux_layer_ids"] = [int(i) for i in ids]
+    if ids:
+        eagle["eagle_aux_hidden_state_layer_ids"] = [int(i) - 1 for i in ids]  # vLLM id -> SGLang id
+        out.setdefault("draftsmith", {})["vllm_aux_layer_ids"] = [int(i) for i in ids]
+    # No ids (NeMo AutoModel's checkpoints): SGLang captures its default [2, L//2, L-3], the residual
+    # stream before layer i = vLLM id i, which is what vLLM and AutoModel default to as well.
     return out
 
 
@@ -121,7 +125,7 @@ def write_token_map(ids, path: Path) -> None:
 
 def sglang_copy_args(draft: Draft) -> dict:
     """Keyword arguments for :func:`export.build_copy` producing an SGLang-ready copy + token map."""
-    config = sglang_config(draft.config)
+    config = sglang_config(servable_config(draft)[0])  # the layer count the weights hold
     ids = draft_ids(draft)
 
     def extra(tmp: Path) -> None:
@@ -140,6 +144,7 @@ def prepare_sglang(draft: Draft, *, dry_run: bool = False, export_dir: Optional[
     args = sglang_copy_args(draft)
     pruned = int(draft.config.get("draft_vocab_size") or 0) not in (0, int(draft.config.get("vocab_size") or 0))
     prepared = prepare_cached(draft, kind="sglang", options={}, out=export_dir, dry_run=dry_run, **args)
+    prepared.fixups = servable_config(draft)[1]
     return prepared, (Path(prepared.path) / TOKEN_MAP if pruned else None)
 
 

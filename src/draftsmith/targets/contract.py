@@ -70,6 +70,14 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return _spread(lo, L - 1, 3)
 
 
+def engine_default_aux_layer_ids(num_layers: int) -> list[int]:
+    """The aux layer ids vLLM and SGLang read when an EAGLE-3 draft's config.json names none:
+    ``(2, L//2, L-3)`` of the target, deduplicated and sorted, with no small-target repair (unlike
+    :func:`default_aux_layer_ids`, which training uses). NeMo AutoModel's default HF-hook ids
+    ``[1, L/2-1, L-4]`` are these engine ids minus one (hook id j = engine id j + 1)."""
+    return sorted({2, int(num_layers) // 2, int(num_layers) - 3})
+
+
 def _spread(lo: int, hi: int, n: int) -> list[int]:
     """``n`` distinct ints evenly spaced over ``lo..hi`` inclusive, endpoints included when n > 1."""
     if hi - lo + 1 < n:
