@@ -13,14 +13,21 @@ Layout (DESIGN section 5)::
 Every checkpoint is written into a hidden temporary directory and renamed into place with
 ``os.replace`` only when complete, and ``LATEST`` is swapped atomically after that, so a crash
 mid-write never leaves a half-written checkpoint that looks valid.
+
+optim.pt and rng.pt hold only tensors, numbers, strings and containers, and are read with
+``torch.load(weights_only=True)``: resuming a run directory someone else wrote must not run code it
+holds, so a file that would need more is refused (see :func:`_load_plain`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,10 +52,15 @@ def checkpoint_name(epoch: int, step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states (torch CPU, the current CUDA device's when there is one, Python, numpy)."""
+    """This process's RNG states (torch CPU, the current CUDA device's when there is one, Python, numpy).
+
+    Plain tensors, ints, floats, strings and tuples only: rng.pt is read with ``weights_only=True``,
+    which refuses numpy arrays, so numpy's MT19937 key array is stored as a list of ints."""
     import numpy as np
 
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    algo, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = (str(algo), [int(k) for k in keys], int(pos), int(has_gauss), float(cached))
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -64,7 +76,7 @@ def set_rng_state(state: dict[str, Any], rank: int = 0) -> bool:
     state = ranks[rank if own else 0]
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])  # a list of ints (this format) or an ndarray (rng.pt of older draftsmith)
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     return own
@@ -176,11 +188,48 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         config = json.loads((path / MODEL_SUBDIR / "config.json").read_text())
         meta = json.loads((path / "meta.json").read_text())
-        optim = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
-        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
+        optim = _load_plain(path / "optim.pt")
+        rng = _load_plain(path / "rng.pt", _old_numpy_rng_globals())
     except (json.JSONDecodeError, RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(
             f"checkpoint '{path}' is corrupt or truncated ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
             "resume from another checkpoint"
         ) from None
     return {"model_state": model_state, "vocab": vocab, "config": config, "meta": meta, "optim": optim, "rng": rng}
+
+
+def _old_numpy_rng_globals() -> list:
+    """What an rng.pt written before numpy states were stored as lists needs beyond plain types: one
+    uint32 ndarray (numpy's MT19937 key). Exactly those globals, so old run dirs resume and nothing
+    else numpy can pickle is let through."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    allowed: list = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # numpy >= 1.25: numpy.dtypes.UInt32DType
+    # The pickle names the module of the numpy that wrote it; a file from numpy 1.x read under 2.x says
+    # numpy.core.multiarray, so the same function is allowed under both names.
+    allowed += [(_reconstruct, f"{m}.multiarray._reconstruct") for m in ("numpy._core", "numpy.core")]
+    return allowed
+
+
+def _load_plain(path: Path, allowed: Optional[list] = None) -> Any:
+    """``torch.load(weights_only=True)`` of a checkpoint file: tensors, numbers, strings and containers
+    only (plus ``allowed`` globals). Unpickling anything else can run code chosen by whoever wrote the
+    file, so a file that needs more is refused in one line rather than loaded."""
+    try:
+        with torch.serialization.safe_globals(allowed or []), warnings.catch_warnings():
+            # A file pickled outside torch.save warns of its protocol on stderr before it is refused.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message is many lines of advice to load it unsafely; keep only what the file holds
+        # (its wording varies with the torch version: an allow-list miss, a blocked module, a class).
+        found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+        what = f" ({found.group(1) or found.group(2)})" if found else ", or is corrupt"
+        raise CheckpointError(
+            f"{path}: holds objects that are not plain tensors/numbers{what}; "
+            "draftsmith refuses to unpickle them, since that can run any code; resume from a checkpoint "
+            "draftsmith wrote, or train again without --resume") from None
