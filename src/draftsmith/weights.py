@@ -9,12 +9,52 @@ module import time.
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 from typing import Iterable, Optional
+
+MAX_HEADER = 100_000_000  # a safetensors header longer than this is a corrupt length field, not a header
 
 
 class CheckpointError(ValueError):
     """A checkpoint or weight file that cannot be used; the message names the path and the fix."""
+
+
+class DamagedFile(ValueError):
+    """What is wrong with a safetensors file, without a fix: each caller knows the one that fits its
+    file (re-export a draft, rebuild a cache shard) and raises its own error with it."""
+
+
+def safetensors_layout(path: str | Path, noun: str = "file") -> tuple[dict, int]:
+    """``(header, size)`` of a safetensors file, reading the header only: tensor name -> {dtype, shape,
+    data_offsets} (``__metadata__`` removed) and the size in bytes the header says the file has.
+
+    A file cut short keeps a valid header when the cut falls in the tensor bytes, and safetensors
+    memory-maps the rest, so the size is checked here: a shorter file raises :class:`DamagedFile`
+    (``"truncated safetensors <noun> (N of M bytes)"``), as do a missing or corrupt header.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise DamagedFile(f"truncated safetensors {noun} ({len(raw)} bytes, no header)")
+        (n,) = struct.unpack("<Q", raw)  # little-endian u64 header length
+        if n > MAX_HEADER:
+            raise DamagedFile(f"corrupt safetensors {noun} (a header of {n} bytes is not plausible)")
+        text = f.read(n)
+    size = path.stat().st_size
+    if len(text) < n:
+        raise DamagedFile(f"truncated safetensors {noun} ({size} of at least {8 + n} bytes, cut in the header)")
+    try:
+        header = json.loads(text)
+        header.pop("__metadata__", None)
+        end = 8 + n + max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    except (ValueError, UnicodeDecodeError, TypeError, KeyError, IndexError, AttributeError):
+        raise DamagedFile(f"corrupt safetensors {noun} (unreadable header)") from None
+    if size < end:
+        raise DamagedFile(f"truncated safetensors {noun} ({size} of {end} bytes)")
+    return header, end
 
 
 def _unreadable(path: Path, e: BaseException) -> CheckpointError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -127,31 +128,90 @@ def encode_shard(rows: Sequence[dict[str, Tensor]]) -> tuple[bytes, list[str], i
     return save(tensors, metadata=meta), keys, int(offsets[-1])
 
 
+def rebuild_command(cache_dir: str | os.PathLike, manifest: dict) -> str:
+    """The ``draftsmith cache`` command that redoes ``cache_dir``'s damaged or missing shards.
+
+    A rerun into the same --out checks every shard file and rewrites only those that are not whole,
+    and it must repeat the first build's engine and --shard-rows (the manifest holds both); the
+    config is not recorded, so the user names it."""
+    engine = f" --engine {manifest['engine']}" if manifest.get("engine") else ""
+    rows = f" --shard-rows {manifest['shard_rows']}" if manifest.get("shard_rows") else ""
+    return f"`draftsmith cache CONFIG --out {cache_dir}{engine}{rows}` (CONFIG: the run config it was built from)"
+
+
 class CacheReader:
     """Memory-mapped access to a cache's rows by key (safetensors ``safe_open`` + ``get_slice``).
 
     Only the shards the manifest lists are read (a shard written after the last manifest update does
-    not count). ``row(key)`` returns {input_ids (T,) int32, loss_mask (T,) uint8, aux (T, n, H), last (T, H)}.
+    not count). ``row(key)`` returns {input_ids (T,) int32, loss_mask (T,) uint8, aux (T, n, H), last (T, H)},
+    views of the mapping (copy them before the file can change: a page cut from it is a SIGBUS).
+    A damaged shard, at open or when a row is read, is a :class:`CacheError` naming the shard and
+    the command that rebuilds it.
     """
 
     def __init__(self, cache_dir: str | os.PathLike):
-        from safetensors import safe_open
-
         self.dir = Path(cache_dir)
         self.manifest = read_manifest(self.dir)
-        self._files: list[Any] = []
+        self._shards: list[_Shard] = []
         self.index: dict[str, tuple[int, int, int]] = {}  # key -> (shard, start, end) token offsets
         for s, entry in enumerate(self.manifest["shards"]):
             path = self.dir / entry["file"]
             if not path.is_file():
-                raise CacheError(f"{self.dir / MANIFEST} lists {entry['file']} but it is missing; rerun "
-                                 f"`draftsmith cache` with the same --out to rebuild it")
+                raise CacheError(f"{self.dir / MANIFEST} lists {entry['file']} but it is missing; rebuild it with "
+                                 f"{rebuild_command(self.dir, self.manifest)}")
+            shard = self._open(path)
+            for r, key in enumerate(shard.keys):
+                self.index.setdefault(key, (s, shard.offsets[r], shard.offsets[r + 1]))
+            self._shards.append(shard)
+
+    def _open(self, path: Path) -> "_Shard":
+        from safetensors import safe_open
+
+        from draftsmith.weights import DamagedFile, safetensors_layout
+
+        try:
+            # The size check first: safe_open's own error for a cut file is a SafetensorError that
+            # names neither the file nor its size.
+            _, end = safetensors_layout(path, noun="shard")
+            inode = os.stat(path).st_ino
             f = safe_open(str(path), framework="pt")  # kept open: slices read lazily from the mapping
             keys = json.loads(f.metadata()["draftsmith"])["keys"]
             offsets = f.get_tensor("offsets").tolist()
-            for r, key in enumerate(keys):
-                self.index.setdefault(key, (s, offsets[r], offsets[r + 1]))
-            self._files.append(f)
+        except DamagedFile as e:
+            raise self._damaged(path, str(e)) from None
+        except Exception as e:  # SafetensorError, a foreign file's metadata: the shard is not usable
+            raise self._unreadable(path, e) from None
+        return _Shard(path, f, keys, offsets, inode, end)
+
+    def _damaged(self, path: Path, problem: str) -> CacheError:
+        return CacheError(f"{path}: {problem}; rebuild it with {rebuild_command(self.dir, self.manifest)}")
+
+    def _unreadable(self, path: Path, e: BaseException) -> CacheError:
+        detail = (str(e).splitlines() or [""])[0][:120]
+        return self._damaged(path, f"unreadable cache shard ({type(e).__name__}: {detail})")
+
+    def _current(self, s: int) -> "_Shard":
+        """Shard ``s``, checked against its file before a read.
+
+        Reading a mapped page past the end of a file cut after open kills the process with SIGBUS,
+        which no handler can turn into a message, so each read first stats the file. A file replaced
+        since (a new inode: ``draftsmith cache`` rewrote a damaged shard) is mapped afresh, as the old
+        mapping may be the damaged file; a removed one leaves the mapping whole, so it is read on."""
+        shard = self._shards[s]
+        try:
+            st = os.stat(shard.path)
+        except OSError:
+            return shard
+        if st.st_ino != shard.inode:
+            fresh = self._open(shard.path)
+            if (fresh.keys, fresh.offsets) != (shard.keys, shard.offsets):
+                raise CacheError(f"{shard.path}: replaced while this run read it, by a shard holding other rows; "
+                                 f"restart the run (one cache dir per config: `draftsmith cache` into a new --out)")
+            self._shards[s] = shard = fresh
+        elif st.st_size < shard.end:
+            raise self._damaged(shard.path, f"truncated safetensors shard ({st.st_size} of {shard.end} bytes, "
+                                            "cut while this run read it)")
+        return shard
 
     def __contains__(self, key: str) -> bool:
         return key in self.index
@@ -161,12 +221,27 @@ class CacheReader:
 
     def row(self, key: str) -> dict[str, Tensor]:
         s, a, b = self.index[key]
-        f = self._files[s]
-        return {name: f.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "last")}
+        shard = self._current(s)
+        try:
+            return {name: shard.file.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "last")}
+        except Exception as e:  # SafetensorError
+            raise self._unreadable(shard.path, e) from None
 
     def close(self) -> None:
-        self._files.clear()
+        self._shards.clear()
         self.index.clear()
+
+
+@dataclass
+class _Shard:
+    """One open shard: its mapping, rows and what its file looked like when mapped."""
+
+    path: Path
+    file: Any  # safetensors safe_open handle
+    keys: list[str]
+    offsets: list[int]
+    inode: int
+    end: int  # the file's size by its header
 
 
 def target_fingerprint(path: str | os.PathLike, dtype: str) -> dict:
