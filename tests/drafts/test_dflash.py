@@ -190,7 +190,15 @@ def test_block_metrics_by_hand():
     assert s["pos_correct"].tolist() == [2, 0, 2] and s["pos_count"].tolist() == [2, 1, 2]
     assert s["pos_prefix"].tolist() == [2, 0, 1]
     assert int(s["accept_len_sum"]) == 5 and int(s["valid_blocks"]) == 2
-    assert dflash.summarize(s)["accept_len"] == 2.5
+    summary = dflash.summarize(s)
+    assert summary["accept_len"] == 2.5
+    # denominators are the supervised label positions: [2, 1, 2]; prefix rates 2/2, 0/1, 1/2;
+    # conditional = rate_k / rate_{k-1}: 1, 0/1, and 0 where no chain reached k-1 (rate_1 = 0)
+    assert summary["step_accuracy"] == pytest.approx([1.0, 0.0, 1.0])
+    assert summary["prefix_rate"] == pytest.approx([1.0, 0.0, 0.5])
+    assert summary["conditional_acceptance"] == pytest.approx([1.0, 0.0, 0.0])
+    assert dflash.scalars(summary)["cond1"] == 1.0 and dflash.scalars(summary)["acc3"] == 1.0
+    assert "conditional [1.000 0.000 0.000]" in dflash.describe(summary)
 
 
 def test_jetspec_teacher_is_the_target_at_anchor_plus_k_minus_1():

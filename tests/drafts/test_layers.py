@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama import modeling_llama as hf
 
-from draftsmith.drafts.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, repeat_kv
+from draftsmith.drafts.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, conditional_rates, repeat_kv
 
 HEAD_DIM = 16
 
@@ -128,3 +128,17 @@ def test_swiglu_formula():
     manual = (g * torch.sigmoid(g) * u) @ mlp.down_proj.weight.T
     torch.testing.assert_close(mlp(x), manual, rtol=1e-5, atol=1e-6)
     assert sorted(mlp.state_dict()) == ["down_proj.weight", "gate_proj.weight", "up_proj.weight"]
+
+
+def test_conditional_rates_by_hand():
+    # 10 chains per position, prefix hits 6, 3, 3: P(accept k | 0..k-1 accepted) = .6, 3/6, 3/3,
+    # the ratio vLLM's per-position counters give (accepted_per_pos_k / accepted_per_pos_{k-1})
+    assert conditional_rates(torch.tensor([6, 3, 3]), torch.tensor([10, 10, 10])) == pytest.approx([0.6, 0.5, 1.0])
+    # a deeper position with fewer positions (a sequence's tail): ratio of rates, so rate_k = prod cond_j
+    cond = conditional_rates(torch.tensor([8, 4]), torch.tensor([10, 5]))
+    assert cond == pytest.approx([0.8, (4 / 5) / (8 / 10)]) and cond[0] * cond[1] == pytest.approx(4 / 5)
+    # no chain reached position 0: 0, not nan; no positions at all: 0 (clamped count)
+    assert conditional_rates(torch.tensor([0, 0]), torch.tensor([4, 4])) == [0.0, 0.0]
+    assert conditional_rates(torch.tensor([0]), torch.tensor([0])) == [0.0]
+    # float (weighted) sums, as the trainer aggregates them
+    assert conditional_rates(torch.tensor([1.5, 0.75]), torch.tensor([3.0, 3.0])) == pytest.approx([0.5, 0.5])

@@ -30,8 +30,10 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
     a model for inference from an export (``state``: on-disk tensor names); ValueError when they do
     not fit. Drafts that borrow the target's lm_head (DFlash) take it here (None: the embeddings). ``layer_ids_from_export(config) -> list[int]``: the target layer ids it was trained on.
 ``summarize(sums) -> dict``
-    metric sums (over any number of micro-batches) -> summary (per-position accuracy list, simulated
-    tau, ...; JSON-able). ``scalars(summary) -> dict[str, float]``: what tensorboard logs;
+    metric sums (over any number of micro-batches) -> summary (``step_accuracy``, ``prefix_rate`` and
+    ``conditional_acceptance`` lists per drafted position over the loss-mask positions, a target
+    outside the draft vocab counted as a miss; ``simulated_tau``, ``positions``, ...; JSON-able).
+    ``scalars(summary) -> dict[str, float]``: what tensorboard logs;
     ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
 
 Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every

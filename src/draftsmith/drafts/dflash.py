@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary
+from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
 
 __all__ = ["DFlashConfig", "DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
            "visibility", "decay_weights", "block_metrics"]
@@ -502,11 +502,17 @@ def checkpoint_meta(model: DFlashDraft) -> dict:
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
-    """Per-position accuracy, accept length (mean tokens per block, anchor included) and counts."""
+    """Per-position accuracy, accept length (mean tokens per block, anchor included) and counts.
+
+    Every denominator is the supervised (loss-mask) label positions of the sampled blocks; the draft
+    predicts the full vocab, so no target is out of its reach. step_accuracy is each position on its
+    own, prefix_rate positions 1..k all agree, conditional_acceptance prefix_rate_k / prefix_rate_{k-1}.
+    """
     n = sums["pos_count"].double()
     blocks = float(sums["valid_blocks"].sum())
     return {"step_accuracy": (sums["pos_correct"].double() / n.clamp(min=1)).tolist(),
             "prefix_rate": (sums["pos_prefix"].double() / n.clamp(min=1)).tolist(),
+            "conditional_acceptance": conditional_rates(sums["pos_prefix"], sums["pos_count"]),
             "accept_len": float(sums["accept_len_sum"].sum()) / max(blocks, 1.0),
             "simulated_tau": float(sums["accept_len_sum"].sum()) / max(blocks, 1.0),
             "positions": int(n.sum()), "blocks": int(blocks)}
@@ -514,13 +520,15 @@ def summarize(sums: dict[str, torch.Tensor]) -> dict:
 
 def scalars(summary: dict) -> dict[str, float]:
     return {"accept_len": summary["accept_len"], "simulated_tau": summary["simulated_tau"],
-            **{f"acc{k + 1}": a for k, a in enumerate(summary["step_accuracy"])}}
+            **{f"acc{k + 1}": a for k, a in enumerate(summary["step_accuracy"])},
+            **{f"cond{k + 1}": c for k, c in enumerate(summary.get("conditional_acceptance", ()))}}
 
 
 def describe(summary: dict) -> str:
+    more = " ..." if len(summary["step_accuracy"]) > 8 else ""
     accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"][:8])
-    return f"per-position accuracy [{accs}{' ...' if len(summary['step_accuracy']) > 8 else ''}]  " \
-           f"accept length {summary['accept_len']:.3f}"
+    cond = " ".join(f"{a:.3f}" for a in summary.get("conditional_acceptance", ())[:8])
+    return f"per-position accuracy [{accs}{more}]  conditional [{cond}{more}]  accept length {summary['accept_len']:.3f}"
 
 
 def load_exported(config: dict, state: dict[str, torch.Tensor], target_embeddings: Optional[torch.Tensor] = None,

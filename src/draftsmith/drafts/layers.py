@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts"]
+__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts",
+           "conditional_rates"]
 
 
 class RMSNorm(nn.Module):
@@ -198,3 +199,19 @@ def row_generator(generators: Union[RowGenerators, torch.Generator], row: int) -
     if generators is None or isinstance(generators, torch.Generator):
         return generators
     return generators[row]
+
+
+def conditional_rates(prefix: torch.Tensor, count: torch.Tensor) -> list[float]:
+    """(K,) prefix hits and positions per drafted position -> (K,) conditional acceptance rates.
+
+    rate_k = prefix_k / count_k is the share of chains whose first k+1 drafts all agree (vLLM's
+    "per-position acceptance rate", accepted_per_pos_k / drafts); cond_k = rate_k / rate_{k-1}
+    (rate_{-1} = 1) is the chance that draft k is accepted given drafts 0..k-1 were. With equal counts
+    per position (every vLLM draft has K positions) this is prefix_k / prefix_{k-1}. Where a deeper
+    position has fewer positions (a sequence's tail), the ratio of rates still keeps
+    rate_k = prod_{j <= k} cond_j, so simulated tau = 1 + sum_k prod_{j <= k} cond_j. When no chain
+    reached k-1, cond_k is 0.
+    """
+    rate = prefix.double() / count.double().clamp(min=1)  # (K,)
+    prev = torch.cat([rate.new_ones(1), rate[:-1]])  # (K,) rate_{k-1}
+    return torch.where(prev > 0, rate / prev.clamp(min=1e-300), rate.new_zeros(())).tolist()
