@@ -84,6 +84,11 @@ def test_eval_command_end_to_end(tiny, tmp_path, capsys):
     assert rep["overall"]["tau"] > 1.0 and all(len(r["token_ids"]) == 16 for r in rep["records"])
     assert (tmp_path / "out" / "acceptance.png").is_file()
     assert "lossless check vs plain greedy: 6/6 identical" in out and "all" in out
+    # the pruned draft's vocab against the tokens the target answered with, counted one by one
+    ids = [t for r in rep["records"] for t in r["token_ids"]]
+    assert tiny.draft.cfg.pruned and len(ids) == 96
+    assert rep["draft_vocab_coverage"] == pytest.approx(sum(bool(tiny.draft.t2d[t]) for t in ids) / len(ids))
+    assert "draft-vocab coverage of the target's answer tokens" in out and "conditional acceptance" in out
 
 
 def test_eval_flags_are_validated(tiny, tmp_path):

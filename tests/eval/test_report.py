@@ -16,9 +16,12 @@ def rec(pid, cat, accepted, n_tokens, spec_s, plain_s, match=True):
 def test_acceptance_stats_by_hand():
     s = acceptance_stats([0, 2, 3, 1], k=3)
     # 4 drafts, 6 accepted; first-i-accepted counts: i=1 -> 3 rounds, i=2 -> 2, i=3 -> 1
+    # conditional: position 1 accepted in 3 of 4 drafts, 2 in 2 of those 3, 3 in 1 of those 2
     assert s == {"drafts": 4, "accepted": 6, "tau": 2.5, "accepted_per_position": [3, 2, 1],
-                 "acceptance_per_position": [0.75, 0.5, 0.25]}
+                 "acceptance_per_position": [0.75, 0.5, 0.25], "conditional_acceptance_per_position": [0.75, 2 / 3, 0.5]}
     assert acceptance_stats([], 2)["tau"] is None
+    assert acceptance_stats([], 2)["conditional_acceptance_per_position"] == [None, None]
+    assert acceptance_stats([0, 0], 2)["conditional_acceptance_per_position"] == [0.0, None]  # none reached 2
 
 
 def test_report_rows_categories_and_speedup():
@@ -37,6 +40,24 @@ def test_report_rows_categories_and_speedup():
     assert lines[0].split()[:5] == ["category", "prompts", "drafts", "tau", "acc@1"]
     assert [l.split()[0] for l in lines[2:5]] == ["code", "math", "all"]
     assert "2.800" in lines[4] and "1.80x" in lines[4] and "MISMATCH in c#0" in table
+    # accepted per position 4, 3, 2 of 5 drafts -> conditional 4/5, 3/4, 2/3
+    assert o["conditional_acceptance_per_position"] == pytest.approx([0.8, 0.75, 2 / 3])
+    assert "conditional acceptance (token i accepted when 1..i-1 were): 0.800 / 0.750 / 0.667" in table
+    assert "draft-vocab coverage" not in table  # only for a pruned draft's offline report
+    r["draft_vocab_coverage"] = 0.9875
+    assert "draft-vocab coverage of the target's answer tokens: 0.988" in format_table(r)
+
+
+def test_answer_coverage_counts_the_target_tokens_in_the_draft_vocab():
+    import torch
+
+    from draftsmith.eval.offline import answer_coverage
+
+    t2d = torch.zeros(10, dtype=torch.bool)
+    t2d[[1, 2, 3]] = True
+    records = [{"token_ids": [1, 2, 9]}, {"token_ids": [3, 4]}, {"token_ids": []}]
+    assert answer_coverage(records, t2d) == pytest.approx(3 / 5)  # 9 and 4 are outside
+    assert answer_coverage([{"token_ids": []}], t2d) is None
 
 
 def test_write_report_json_and_png(tmp_path):

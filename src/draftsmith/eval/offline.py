@@ -491,7 +491,19 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
               "dtype": dtype, "seed": seed, "ignore_eos": ignore_eos, "aux_layer_ids": aux_ids,
               "chat_template_kwargs": chat_template_kwargs,
               "wall_s": time.perf_counter() - t0}
-    return build_report(records, k=k, mode="offline", config=config)
+    report = build_report(records, k=k, mode="offline", config=config)
+    if getattr(c, "pruned", False):  # EAGLE-3 / P-EAGLE over a draft vocab: how much of the answers it holds
+        report["draft_vocab_coverage"] = answer_coverage(records, model_draft.t2d)
+    return report
+
+
+def answer_coverage(records: Sequence[dict], t2d: torch.Tensor) -> Optional[float]:
+    """Share of the target's answer tokens (every record's ``token_ids``) whose id the draft vocab holds;
+    ``t2d`` (V,) bool marks target ids in the draft vocab. None when nothing was generated."""
+    ids = [int(t) for r in records for t in r["token_ids"]]
+    if not ids:
+        return None
+    return float(t2d.detach().cpu()[torch.tensor(ids, dtype=torch.long)].double().mean())
 
 
 # ---------------------------------------------------------------------------------- training hook
@@ -530,7 +542,8 @@ def trainer_spec_eval(trainer: Any, simulated: Optional[float] = None, max_new_t
     stats = held_out_tau(model, trainer.draft, trainer.aux_ids, prompts, max_new_tokens=max_new_tokens,
                          eos_ids=eos_ids_of(trainer.tokenizer, model))
     k = stats["k"]
-    out = {"real_tau": stats["tau"], "real_acceptance_per_position": stats["acceptance_per_position"]}
+    out = {"real_tau": stats["tau"], "real_acceptance_per_position": stats["acceptance_per_position"],
+           "real_conditional_acceptance": stats["conditional_acceptance_per_position"]}
     if trainer.writer is not None:
         trainer.writer.add_scalar("spec/real_tau", stats["tau"], trainer.step)
         if simulated is not None:

@@ -218,7 +218,7 @@ def _row(records: list[dict], wall: float, spec: Optional[dict], k: int, base: O
         stats["draft_tokens"] = int(spec["draft_tokens"])
     else:  # SGLang: a running average only
         stats = {"drafts": None, "accepted": None, "accepted_per_position": [], "acceptance_per_position": [],
-                 "tau": spec.get("avg_spec_accept_length") if spec else None}
+                 "conditional_acceptance_per_position": [], "tau": spec.get("avg_spec_accept_length") if spec else None}
     rate = tokens / wall if wall > 0 else None
     base_rate = None
     if base is not None:

@@ -8,7 +8,11 @@ Offline (``draftsmith eval``) and online (``bench-server``) reports share one sh
            "tokens", "spec_tokens_per_s", "plain_tokens_per_s", "speedup"}
 
 tau = 1 + accepted / drafts (bonus token included, vLLM's mean acceptance length); acceptance at
-position i (1-based) = drafts whose first i tokens were all accepted / drafts.
+position i (1-based) = drafts whose first i tokens were all accepted / drafts (vLLM's "per-position
+acceptance rate"); conditional acceptance at i = accepted_i / accepted_{i-1} (accepted_0 = drafts), the
+chance token i is accepted once tokens 1..i-1 were: the figure to compare with a training run's
+``conditional_acceptance``, not its unconditional ``step_accuracy``. An offline report of a pruned draft
+also holds ``draft_vocab_coverage``: the share of the target's answer tokens inside the draft vocab.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ __all__ = ["acceptance_stats", "counter_stats", "build_report", "format_table", 
 
 
 def counter_stats(drafts: int, accepted: int, accepted_per_position: Sequence[int]) -> dict:
-    """Acceptance figures from counters: tau = 1 + accepted/drafts, rate_i = accepted_i / drafts."""
+    """Acceptance figures from counters: tau = 1 + accepted/drafts, rate_i = accepted_i / drafts,
+    conditional_i = accepted_i / accepted_{i-1} (accepted_0 = drafts; None where nothing reached i-1)."""
     per = [int(c) for c in accepted_per_position]
+    before = [int(drafts)] + per[:-1]  # chains that reached position i
     return {
         "drafts": int(drafts),
         "accepted": int(accepted),
         "tau": 1.0 + accepted / drafts if drafts else None,
         "accepted_per_position": per,
         "acceptance_per_position": [c / drafts if drafts else None for c in per],
+        "conditional_acceptance_per_position": [c / b if b else None for c, b in zip(per, before)],
     }
 
 
@@ -94,6 +101,13 @@ def format_table(report: dict) -> str:
     cfg = report.get("config", {})
     out.append(f"mode {report['mode']}  K={cfg.get('k', k)}  temperature {cfg.get('temperature', 0)}  "
                f"tau = 1 + accepted/drafts; acc@i = share of drafts whose first i tokens were accepted")
+    cond = report["overall"].get("conditional_acceptance_per_position") or []
+    if cond:
+        out.append("conditional acceptance (token i accepted when 1..i-1 were): "
+                   + " / ".join(_fmt(c, ".3f") for c in cond))
+    if report.get("draft_vocab_coverage") is not None:
+        out.append(f"draft-vocab coverage of the target's answer tokens: {report['draft_vocab_coverage']:.3f} "
+                   "(a token outside the pruned draft vocab cannot be drafted)")
     lossless = report.get("lossless")
     if lossless:
         bad = lossless["mismatches"]
