@@ -68,7 +68,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if ev:
         from draftsmith.drafts import get_family
 
-        print(f"held-out: loss {ev['loss']:.4f}  {get_family(cfg.draft.type).describe(ev)}")
+        cov = ev.get("draft_vocab_coverage")  # share of held-out loss tokens the draft vocab holds
+        print(f"held-out: loss {ev['loss']:.4f}  {get_family(cfg.draft.type).describe(ev)}"
+              + (f"  draft-vocab coverage {cov:.3f}" if cov is not None else ""))
     print(f"checkpoint: {result.checkpoint}")
     return 0
 

@@ -41,7 +41,8 @@ def fake_demo(monkeypatch, tmp_path):
             return SimpleNamespace(checkpoint=tmp_path / "run" / "checkpoints" / "step_692", step=692, epoch=4,
                                    tokens=581_967, tokens_per_s=1176.0, wall_s=495.0,
                                    eval={"step_accuracy": [0.342, 0.269, 0.232], "simulated_tau": 1.476,
-                                         "loss": 5.1, "positions": 9000})
+                                         "conditional_acceptance": [0.342, 0.5, 0.25],
+                                         "draft_vocab_coverage": 0.9871, "loss": 5.1, "positions": 9000})
 
     def export_vllm(src, dst):
         spend(5.0)
@@ -84,3 +85,11 @@ def test_demo_without_the_check_says_the_speed_was_not_measured(fake_demo, capsy
     saved = json.loads((Path(fake_demo) / "demo_summary.json").read_text())
     assert "real_check" not in saved["phases_s"] and saved["plain_decode_tok_s"] is None
     assert summary["phases_s"] == saved["phases_s"]
+
+
+def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capsys):
+    demo.run_demo(output=str(fake_demo), progress=False, check=False)
+    out = capsys.readouterr().out
+    assert "held-out per-TTT-step accuracy: step0 0.342  step1 0.269  step2 0.232" in out
+    assert "held-out conditional acceptance (step k | steps < k accepted): step0 0.342  step1 0.500  step2 0.250" in out
+    assert "held-out simulated tau: 1.476   (loss 5.1000, 9000 positions, draft-vocab coverage 0.987)" in out

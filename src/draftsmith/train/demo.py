@@ -119,8 +119,14 @@ def run_demo(minutes: float = 14.0, output: str = "runs/demo", rows: int = DEMO_
     print()
     print(f"steps {result.step} ({result.epoch} epochs)   train tokens {result.tokens}   {result.tokens_per_s:.0f} tok/s   "
           f"loop {result.wall_s:.0f} s")
+    # unconditional (each step on its own) and conditional (step k given steps 0..k-1 agreed, the ratio
+    # to compare with vLLM's per-position acceptance); every loss position counts, draft-vocab misses too
     print("held-out per-TTT-step accuracy: " + "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["step_accuracy"])))
-    print(f"held-out simulated tau: {ev['simulated_tau']:.3f}   (loss {ev['loss']:.4f}, {ev['positions']} positions)")
+    if ev.get("conditional_acceptance"):
+        print("held-out conditional acceptance (step k | steps < k accepted): "
+              + "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["conditional_acceptance"])))
+    cov = f", draft-vocab coverage {ev['draft_vocab_coverage']:.3f}" if ev.get("draft_vocab_coverage") is not None else ""
+    print(f"held-out simulated tau: {ev['simulated_tau']:.3f}   (loss {ev['loss']:.4f}, {ev['positions']} positions{cov})")
     print(f"checkpoint: {ckpt}")
     summary = {"steps": result.step, "epochs": result.epoch, "tokens": result.tokens,
                "tokens_per_s": result.tokens_per_s, "loop_s": result.wall_s, "eval": ev, "checkpoint": str(ckpt),
