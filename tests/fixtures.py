@@ -152,3 +152,26 @@ def write_chats(path: str | Path, n: int = 16, numbered: bool = False) -> Path:
         rows.append({"messages": [{"role": "user", "content": f"Tell me about the {a} and the {b}{tag}."},
                                   {"role": "assistant", "content": f"The {a} is quick and the {b} is lazy{tail}."}]})
     return write_jsonl(path, rows)
+
+
+def unsort_aux_ids(ckpt: str | Path, listed: list[int]) -> Path:
+    """Rewrite a draftsmith EAGLE-3 / P-EAGLE checkpoint (trained on ascending aux ids) into the one the
+    trainer wrote before it sorted them, trained on ``listed`` (the same ids in another order):
+    config.json, meta.json and fc's input blocks (with mask_hidden, fc_norm.{i}, input_norm) in that
+    order. The same draft exactly, so its served copy must reproduce the original's weights."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.serve.resolve import reorder_aux_blocks
+
+    ckpt = Path(ckpt)
+    cons = ckpt / "model" / "consolidated"
+    cfg = json.loads((cons / "config.json").read_text())
+    ascending = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert sorted(listed) == ascending == sorted(ascending), (listed, ascending)
+    state = reorder_aux_blocks(load_file(str(cons / "model.safetensors")), [ascending.index(i) for i in listed])
+    save_file({k: v.contiguous() for k, v in state.items()}, str(cons / "model.safetensors"))
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(listed)
+    (cons / "config.json").write_text(json.dumps(cfg, indent=2))
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "aux_layer_ids": list(listed)}, indent=2))
+    return ckpt

@@ -50,8 +50,8 @@ from draftsmith.remote import wire
 from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store,
                                     transfer_entries, transfer_plan)
 from draftsmith.targets import Batch
-from draftsmith.targets.contract import (SUPERVISION, TargetError, default_aux_layer_ids, supervise, supervision_tensors,
-                                        validate_layer_ids)
+from draftsmith.targets.contract import (SUPERVISION, TargetError, ascending_layer_ids, default_aux_layer_ids, supervise,
+                                        supervision_tensors, validate_layer_ids)
 
 
 class ServeTargetError(TargetError):
@@ -121,7 +121,9 @@ class TargetService:
             self.cuda_uuid = cuda_uuid(self.cuda_device)
         self.info = engine.info()
         L = self.info.num_layers
-        self.aux_ids = validate_layer_ids(aux_layer_ids or default_aux_layer_ids(L), L, key="--aux-layer-ids")
+        # the default ids a request without layer_ids gets: ascending, as trainers ask and engines serve
+        self.aux_ids, self.aux_note = ascending_layer_ids(
+            validate_layer_ids(aux_layer_ids or default_aux_layer_ids(L), L, key="--aux-layer-ids"), key="--aux-layer-ids")
         self.lock = threading.Lock()  # serialises /features (and vocab-map bookkeeping)
         self.vocab_maps: "OrderedDict[str, Optional[torch.Tensor]]" = OrderedDict()
         self.stats = {"features_served": 0, "disconnects": 0, "plane_transfers": 0, "plane_failures": 0}
@@ -460,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
     service = TargetService(engine, args.engine, args.aux_layer_ids, limits, args.data_plane_timeout_s)
     server = build_server(service, args.host, args.port, token, args.insecure)
     host, port = server.server_address[:2]
+    if service.aux_note:
+        print(f"draftsmith: {service.aux_note}", file=sys.stderr, flush=True)
     print(f"READY {host}:{port}", flush=True)
     try:
         server.serve_forever()

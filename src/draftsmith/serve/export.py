@@ -29,16 +29,17 @@ from typing import Callable, Optional
 from draftsmith.weights import read_tensors
 
 from .resolve import (TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, check_family_weights, resolve_draft,
-                      servable_config)
+                      servable_config, servable_weights)
 
 VLLM_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
-EXPORT_VERSION = 3  # 2: t2d is carried; 3: the layer count the weights hold. Bump when the copy format changes so old caches rebuild
+EXPORT_VERSION = 4  # 2: t2d is carried; 3: the layer count the weights hold; 4: aux ids ascending (fc reordered). Bump when the copy format changes so old caches rebuild
 STAMP = "draftsmith_export.json"
 # On-disk draftsmith name -> vLLM name: only the `model.` prefix changes; top-level tensors keep
 # their names (vLLM reads lm_head, d2t, mask_hidden and skips t2d, which is carried for other readers).
 TOP_LEVEL_KEYS = ("lm_head.weight", "d2t", "t2d", "mask_hidden")
 
 KeyMap = Callable[[str], Optional[str]]
+StateMap = Callable[[dict, Path], dict]  # (tensors of one source file, that file) -> tensors, before the rename
 
 
 def vllm_key(name: str) -> str | None:
@@ -101,12 +102,18 @@ def _rename(state: dict, key_map: KeyMap, src: Path) -> dict:
     return out
 
 
-def write_weights(draft: Draft, tmp: Path, key_map: KeyMap) -> None:
-    """Write ``draft``'s weights renamed by ``key_map`` into ``tmp`` as safetensors (shards stay shards)."""
+def write_weights(draft: Draft, tmp: Path, key_map: KeyMap, transform: Optional[StateMap] = None) -> None:
+    """Write ``draft``'s weights renamed by ``key_map`` into ``tmp`` as safetensors (shards stay shards),
+    each file's tensors passed through ``transform`` first (source names; None: as they are)."""
     require_safetensors()
     assert draft.dir is not None
+
+    def read(f: Path) -> dict:
+        state = read_tensors(f)
+        return transform(state, f) if transform is not None else state
+
     if draft.index is None:  # one file (safetensors or pytorch_model.bin) -> model.safetensors
-        _save(_rename(read_tensors(draft.weight_files[0]), key_map, draft.weight_files[0]), tmp / "model.safetensors")
+        _save(_rename(read(draft.weight_files[0]), key_map, draft.weight_files[0]), tmp / "model.safetensors")
         return
     # Sharded: rename shard by shard; a .bin shard becomes a .safetensors shard of the same stem.
     shard_names: dict[str, str] = {}
@@ -115,7 +122,7 @@ def write_weights(draft: Draft, tmp: Path, key_map: KeyMap) -> None:
     for shard in draft.weight_files[1:]:
         new_name = shard.name if shard.suffix == ".safetensors" else shard.stem + ".safetensors"
         shard_names[shard.name] = new_name
-        state = _rename(read_tensors(shard), key_map, shard)
+        state = _rename(read(shard), key_map, shard)
         _save(state, tmp / new_name)
         total += sum(t.numel() * t.element_size() for t in state.values())
         weight_map.update({k: new_name for k in state})
@@ -155,7 +162,11 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 
 def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Optional[str] = None,
                extra: Optional[Callable[[Path], None]] = None) -> Path:
-    """Write a complete engine-ready copy of ``draft`` to ``out`` atomically; return ``out``."""
+    """Write a complete engine-ready copy of ``draft`` to ``out`` atomically; return ``out``.
+
+    ``config`` is the servable config (:func:`servable_config` plus the engine's renames); the weights
+    get the tensor side of the same fixups (:func:`servable_weights`: fc's aux blocks in the order
+    that config lists), so every copy, vLLM, SGLang or speculators, is consistent with its config."""
     assert draft.dir is not None
     out = Path(out)
     if out.resolve() == draft.dir:
@@ -166,7 +177,7 @@ def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Op
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        write_weights(draft, tmp, key_map)
+        write_weights(draft, tmp, key_map, servable_weights(draft))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         copy_tokenizer_assets(draft.dir, tmp)
         if extra is not None:

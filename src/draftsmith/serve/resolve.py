@@ -19,7 +19,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from draftsmith.drafts import DFLASH_ARCHS, family_of_config  # noqa: F401 (DFLASH_ARCHS: re-exported)
 from draftsmith.drafts import held_layers as layers_in
@@ -220,11 +220,81 @@ def layer_count_fixup(draft: Draft) -> Optional[tuple[int, int]]:
     return config_layer_fixup(draft.config, weight_names(draft))
 
 
+def aux_ids_key(config: dict) -> str:
+    """Where config.json lists the target layers the draft reads (the key vLLM reads for its family)."""
+    if is_dflash_family(draft_family(config)):
+        return "dflash_config.target_layer_ids"
+    return "eagle_config.eagle_aux_hidden_state_layer_ids"
+
+
+def aux_order_fixup(config: dict) -> Optional[tuple[str, list[int], list[int]]]:
+    """(key, ids as listed, ascending) when config.json lists its aux layer ids out of ascending order
+    (drafts trained before draftsmith sorted them); None otherwise.
+
+    vLLM 0.32 sorts the ids (``EagleModelMixin._set_aux_hidden_state_layers``:
+    ``tuple(sorted(set(layers)))``, for EAGLE-3, P-EAGLE and DFlash alike) and SGLang captures them in
+    layer order, so both hand fc the states in ascending order while the draft learned the listed
+    order. Repeated ids are left to doctor (its layer check names them): no order fixes those."""
+    key = aux_ids_key(config)
+    section, name = key.split(".")
+    ids = (config.get(section) or {}).get(name)
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
+        return None
+    return None if ids == sorted(ids) else (key, list(ids), sorted(ids))
+
+
+# Weights whose last dim is the n concatenated aux states, block i = the i-th listed id (``model.`` or not):
+# fc (H, n*Ht), norm_before_fc's input_norm (n*Ht,) and P-EAGLE's mask_hidden (1, 1, n*Ht), which
+# stands in for the concatenated states. fc_norm.{i} (EAGLE-3.1) is the norm of block i.
+AUX_BLOCK_WEIGHTS = ("fc.weight", "input_norm.weight", "mask_hidden")
+FC_NORM = re.compile(r"^((?:model\.)?fc_norm\.)(\d+)(\..+)$")
+
+
+def reorder_aux_blocks(state: dict, order: list[int], src: object = "weights") -> dict:
+    """``state`` with the aux blocks reordered: served block j is trained block ``order[j]``, so fc applied
+    to the states in the served order equals the trained fc applied to them in the trained order."""
+    n, out = len(order), {}
+    for name, t in state.items():
+        if name.removeprefix("model.") in AUX_BLOCK_WEIGHTS:
+            if t.shape[-1] % n:
+                raise ServeError(f"{src}: {name} has last dim {t.shape[-1]}, not {n} aux blocks of equal width; "
+                                 f"its config.json lists {n} aux layer ids: fix the ids or re-export the draft")
+            out[name] = t.unflatten(-1, (n, t.shape[-1] // n))[..., order, :].flatten(-2)
+        elif (m := FC_NORM.match(name)) and int(m.group(2)) < n:
+            out[f"{m.group(1)}{order.index(int(m.group(2)))}{m.group(3)}"] = t
+        else:
+            out[name] = t
+    return out
+
+
+def servable_weights(draft: Draft) -> Optional[Callable[[dict, object], dict]]:
+    """The tensor fixup matching :func:`servable_config`'s config fixups, as ``(state, source) -> state``
+    for one weight file (or shard), or None when the weights are served as they are. Today: the aux
+    blocks of :func:`aux_order_fixup`, reordered to the ascending ids the served config lists."""
+    fix = None if draft.is_hub else aux_order_fixup(draft.config)
+    if fix is None:
+        return None
+    _, listed, ascending = fix
+    order = [listed.index(i) for i in ascending]
+    return lambda state, src: reorder_aux_blocks(state, order, src)
+
+
 def servable_config(draft: Draft) -> tuple[dict, list[str]]:
     """``draft.config`` with the fixups that depend on its weights (a new dict; the source is never
-    modified), and one note per fixup. Today: the layer count of :func:`layer_count_fixup`."""
+    modified), and one note per fixup. Today: the layer count of :func:`layer_count_fixup` and the aux
+    layer order of :func:`aux_order_fixup` (whose weights :func:`servable_weights` reorders in every copy)."""
     config = json.loads(json.dumps(draft.config))  # deep copy
     notes = []
+    order = aux_order_fixup(config)
+    if order is not None:
+        from draftsmith.targets.contract import ENGINE_ORDER_WHY  # (imports torch: only when it is needed)
+
+        key, listed, ascending = order
+        section, name = key.split(".")
+        config[section][name] = ascending
+        notes.append(f"{key} {listed} -> {ascending} in the served copy, with fc's input blocks reordered to match "
+                     f"({ENGINE_ORDER_WHY}; the draft was trained on the listed order); {draft.config_path} is left "
+                     "as it is")
     fix = layer_count_fixup(draft)
     if fix is not None:
         declared, held = fix
@@ -278,5 +348,5 @@ def check_family_weights(draft: Draft) -> None:
 
 
 __all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "held_layers",
-           "layer_count_fixup", "servable_config", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
+           "layer_count_fixup", "servable_config", "servable_weights", "aux_order_fixup", "reorder_aux_blocks", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
            "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS", "DFLASH_ARCHS"]

@@ -116,6 +116,23 @@ def validate_layer_ids(ids: Sequence[int], num_layers: int, *, key: str = "targe
     return out
 
 
+# Why every run's aux ids are sorted: vLLM 0.32 stores them as ``tuple(sorted(set(ids)))``
+# (``EagleModelMixin._set_aux_hidden_state_layers``, model_executor/models/interfaces.py; the DFlash path,
+# ``dflash_config.target_layer_ids`` + 1, goes through the same call) and SGLang appends a state while
+# its layer loop passes a listed layer (``if i in self.layers_to_capture``, models/llama.py): both
+# concatenate the aux states in ascending layer order whatever order the config lists. A draft trained
+# on another order would get fc's input blocks permuted at serve time, silently.
+ENGINE_ORDER_WHY = "vLLM and SGLang read aux states in ascending layer order"
+
+
+def ascending_layer_ids(ids: Sequence[int], *, key: str = "target.aux_layer_ids") -> tuple[list[int], Optional[str]]:
+    """``ids`` (already validated: distinct ints) in ascending order, and the one-line note to print
+    when that reordered them (None when they already were)."""
+    given = [int(i) for i in ids]
+    out = sorted(given)
+    return out, (None if out == given else f"{key} {given} sorted to {out}: {ENGINE_ORDER_WHY}")
+
+
 def dflash_layer_ids(num_layers: int, n: int) -> list[int]:
     """DFlash's default ``n`` context layers of an ``L``-layer target, as ENGINE ids (``1..L``).
 
