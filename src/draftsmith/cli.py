@@ -133,6 +133,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     print(f"regenerated {c['conversations']} conversations ({c['assistant_turns']} assistant turns) in {r.shards} "
           f"shard(s), {r.shards_done_before} reused; {r.new_tokens} new tokens in {r.wall_s:.0f} s "
           f"({r.new_tokens / max(r.wall_s, 1e-9):.0f} tok/s)")
+    if set(c.get("categories", {})) - {"uncategorized"}:  # a built-in corpus or builtin:mix: what the dir holds
+        print("categories: " + ", ".join(f"{k} {v}" for k, v in c["categories"].items()))
     print(f"output: {r.out} (use it as data.sources: [{r.out}])")
     return 0
 

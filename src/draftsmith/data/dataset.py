@@ -80,6 +80,21 @@ def split_holdout(
     return train, held_out
 
 
+def holdout_from_sources(
+    train: Sequence[Example], held: Sequence[Example]
+) -> tuple[list[Example], list[Example], int]:
+    """``data.eval_sources``: every ``train`` example trains and ``held`` is the held-out split, less
+    the rows that are also training rows (token for token: a shared prompt regenerated greedily by the
+    same target is the same row), which would score the draft on text it learned. Returns
+    ``(train, held-out, rows left out for being in train)``."""
+    seen = {tuple(ex.input_ids) for ex in train}
+    kept = [ex for ex in held if tuple(ex.input_ids) not in seen]
+    if not kept:
+        raise DataError(f"data.eval_sources: all {len(held)} held-out conversations are also in data.sources; hold out "
+                        "rows from another source")
+    return list(train), kept, len(held) - len(kept)
+
+
 def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
     """The visiting order of ``n`` examples in ``epoch``: a permutation that depends only on
     ``(seed, epoch)``, so a resumed run recomputes exactly the order it was interrupted in."""

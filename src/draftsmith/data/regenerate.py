@@ -20,8 +20,10 @@ the ones used to train and serve, so they are written to the manifest, and train
 ``serve`` take them from there.
 
 Output ``DIR``: ``shard-NNNNNN.jsonl`` (OpenAI ``messages`` rows, ``shard_size`` conversations each,
-written whole with tmp + ``os.replace``) and ``manifest.json`` (target fingerprint, sampling
-settings, template kwargs, source fingerprint, counts). A rerun (after kill -9 too) keeps the
+written whole with tmp + ``os.replace``; each row keeps its ``source`` and, where the source gave one
+(the built-in prompt corpora, ``builtin:mix``), its ``category``) and ``manifest.json`` (target
+fingerprint, sampling settings, template kwargs, source fingerprint, counts, also per source and per
+category). A rerun (after kill -9 too) keeps the
 finished shards and redoes only the rest; sampling is seeded per (conversation, turn), so the file
 set equals an uninterrupted run. A changed setting refuses to resume, naming it. Under torchrun the
 ranks split the shards (shard i: rank i % N) and rank 0 merges one manifest (:mod:`draftsmith.ranked`).
@@ -326,7 +328,7 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out)
     t0 = time.perf_counter()
-    plan, report, target, settings_now = _plan(sources, target, s, url, model, dtype)
+    plan, report, target, settings_now, tags = _plan(sources, target, s, url, model, dtype)
     n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
     # Every rank must cut the same shards, or two ranks would write different rows under one name.
     ranked.agree(ranks, settings_now, f"draftsmith regenerate --out {out}", RegenError)
@@ -341,7 +343,7 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         if not todo:
             return 0  # no engine to load: this rank's shards are all on disk
         gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs)
-        return _write_shards(gen, out, plan, todo, s, progress and ranks.main)
+        return _write_shards(gen, out, plan, todo, s, progress and ranks.main, tags)
 
     tokens = ranked.gather(ranks, work, RegenError, f"fix it and rerun the same command to finish {out}")
     extra = {"source_rows": report.total, "source_bad_rows": report.bad}
@@ -372,13 +374,15 @@ def _check_settings(s: RegenSettings, url: Optional[str]) -> None:
 
 
 def _plan(sources: list[str], target: str, s: RegenSettings, url: Optional[str], model: Optional[str], dtype: str):
-    """``(plan, source report, resolved target, manifest settings)``: every rank computes the same."""
-    from draftsmith.data.sources import load_conversations
+    """``(plan, source report, resolved target, manifest settings, tags)``: every rank computes the same.
+    ``tags[i]`` is the ``source`` / ``category`` of conversation ``plan[i]``, written beside its answers."""
+    from draftsmith.data.sources import load_tagged
 
-    convs, report = load_conversations(sources, max_rows=s.max_rows, seed=s.seed, require_assistant=False)
-    plan = [prompt_segments(m, s.system) for m in convs]
+    tagged, report = load_tagged(sources, max_rows=s.max_rows, seed=s.seed, require_assistant=False)
+    plan = [prompt_segments(m, s.system) for m, _ in tagged]
     plan = [(head, segs[: s.max_turns] if s.max_turns else segs) for head, segs in plan]
-    plan = [p for p in plan if p[1]]  # a conversation with no user turn has nothing to answer
+    keep = [i for i, p in enumerate(plan) if p[1]]  # a conversation with no user turn has nothing to answer
+    plan, tags = [plan[i] for i in keep], [tagged[i][1] for i in keep]
     if not plan:
         raise RegenError(f"--data {sources}: no conversation has a user turn to answer")
     if s.engine == "url":
@@ -388,8 +392,9 @@ def _plan(sources: list[str], target: str, s: RegenSettings, url: Optional[str],
 
         target = resolve_target(target)
         target_id = target_fingerprint(target, dtype)  # the dtype changes greedy text too
+    # the tags are not in the fingerprint: a dir regenerated before rows carried them still resumes
     settings_now = {**asdict(s), "target": target_id, "sources": list(sources), "source_fingerprint": fingerprint(plan)}
-    return plan, report, target, settings_now
+    return plan, report, target, settings_now, tags
 
 
 def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> tuple[dict, list[int]]:
@@ -418,7 +423,7 @@ def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: st
 
 
 def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,
-                  progress: bool) -> int:
+                  progress: bool, tags: Optional[list[dict]] = None) -> int:
     """Regenerate and write the shards ``todo`` (this rank's); the tokens generated."""
     from tqdm import tqdm
 
@@ -434,7 +439,8 @@ def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], 
                 bar.set_postfix(shard=index, round=r, answered=answered,
                                 tok_s=f"{(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
 
-            lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round)
+            lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round,
+                                              tags[index * s.shard_size:(index + 1) * s.shard_size] if tags else None)
             _write_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
             new_tokens += tokens
             bar.update(len(rows))
@@ -465,21 +471,28 @@ def shard_rows(path: Path) -> list[dict]:
 def finish(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> None:
     """Count what the shards hold and mark the manifest complete (written atomically, last)."""
     rows_total, turns, chars = 0, 0, 0
+    by_source: dict[str, int] = {}
+    by_category: dict[str, int] = {}
     for i in range(n_shards):
         for row in shard_rows(out / shard_name(i)):
             rows_total += 1
             turns += sum(m["role"] == "assistant" for m in row["messages"])
             chars += sum(len(m["content"]) for m in row["messages"] if m["role"] == "assistant")
+            # what the dir holds, per source and per category (rows written before rows carried tags: "unknown")
+            source, category = str(row.get("source", "unknown")), str(row.get("category", "uncategorized"))
+            by_source[source] = by_source.get(source, 0) + 1
+            by_category[category] = by_category.get(category, 0) + 1
     manifest["counts"] = {"conversations": rows_total, "assistant_turns": turns, "assistant_chars": chars,
-                          "shards": n_shards, **extra_counts}
+                          "shards": n_shards, **extra_counts, "sources": dict(sorted(by_source.items())),
+                          "categories": dict(sorted(by_category.items()))}
     manifest["shards"] = [shard_name(i) for i in range(n_shards)]
     manifest["complete"] = True
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dict]]]], first: int,
-                      s: RegenSettings, on_round: Optional[Callable[[int, int, int], None]] = None
-                      ) -> tuple[list[str], int]:
+                      s: RegenSettings, on_round: Optional[Callable[[int, int, int], None]] = None,
+                      tags: Optional[list[dict]] = None) -> tuple[list[str], int]:
     """Answer every turn of ``rows`` in rounds (round r answers turn r of every row that has one), so
     an engine with many requests in flight sees a whole round at once. Returns (JSONL lines, tokens)."""
     convs = [list(head) for head, _ in rows]
@@ -506,7 +519,8 @@ def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dic
     lines = []
     for i, conv in enumerate(convs):
         if any(m["role"] == "assistant" for m in conv):
-            lines.append(json.dumps({"id": f"regen-{first + i}", "messages": conv}, ensure_ascii=False) + "\n")
+            tag = tags[i] if tags else {}
+            lines.append(json.dumps({"id": f"regen-{first + i}", **tag, "messages": conv}, ensure_ascii=False) + "\n")
     return lines, tokens
 
 

