@@ -53,6 +53,7 @@ class DataConfig:
     max_rows: Optional[int] = None  # seeded random subset of the conversations
     max_length: int = 512  # tokens per rendered conversation (truncated)
     eval_size: float = 0.02  # held-out split: a fraction (< 1) or a count (>= 1)
+    eval_sources: list[str] = field(default_factory=list)  # held-out rows from these sources instead (eval_size ignored, all of data.sources train)
     chat_template: Optional[str] = None  # overrides the tokenizer's chat template
     chat_template_kwargs: Optional[dict] = None  # e.g. {enable_thinking: false}; null = those of a `draftsmith regenerate` source (else none)
     draft_vocab_size: Optional[int] = 8192  # None = the full target vocab
@@ -66,6 +67,9 @@ class DraftConfig:
     step_weight: float = 0.8  # step k weighs step_weight**k
     fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
     norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
+    norm_before_residual: bool = False  # layer-0 residual = hidden_norm(h) (speculators' default; vLLM reads it)
+    norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the concatenated aux states before fc (vLLM reads it)
+    freeze_lm_head: bool = False  # keep the lm_head at the target's rows (needs init_from_target); saves its weight-grad GEMM
     freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
     init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
     # P-EAGLE (draft.type peagle): K tokens drafted in one forward
@@ -98,6 +102,9 @@ class TrainConfig:
     group_by_length: bool = False  # batch conversations of similar length (~8% less padding at batch 2); seeded
     lr: float = 1e-4
     weight_decay: float = 0.0
+    optimizer: str = "adamw"  # adamw | muon (torch.optim.Muon on the 2-D hidden weights, AdamW on the rest)
+    muon_lr: Optional[float] = None  # Muon's lr (null = train.lr: its update is RMS-matched to AdamW's)
+    muon_weight_decay: Optional[float] = None  # null = train.weight_decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
@@ -142,6 +149,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
     "train.parallel": ("ddp", "fsdp2"),
+    "train.optimizer": ("adamw", "muon"),
     "draft.type": tuple(FAMILIES),  # the draft families registered in drafts/__init__.py
 }
 
@@ -268,6 +276,11 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
                  f"{cfg.draft.down_sample_ratio_min}: expected (0, 1] and [0, 1]")
     if cfg.train.lr <= 0:
         p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
+    if cfg.train.muon_lr is not None and cfg.train.muon_lr <= 0:
+        p.append(f"'train.muon_lr' = {cfg.train.muon_lr}: expected > 0 (or null for train.lr)")
+    if cfg.draft.freeze_lm_head and not cfg.draft.init_from_target:
+        p.append("'draft.freeze_lm_head' is true but draft.init_from_target is false: a frozen lm_head would stay "
+                 "random; set init_from_target: true (it starts from the target's lm_head rows) or unfreeze it")
     if cfg.data.eval_size < 0:
         p.append(f"'data.eval_size' = {cfg.data.eval_size}: expected a fraction in [0, 1) or a count >= 1")
     if cfg.data.draft_vocab_size is not None and cfg.data.draft_vocab_size < 2:

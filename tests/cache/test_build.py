@@ -45,8 +45,12 @@ def test_build_holds_every_row_and_a_rerun_is_a_no_op(tiny, tmp_path):
     cfg.data.max_length = 40
     with pytest.raises(CacheError, match=r"built with data.max_length 48, this run has 40; pass a new --out"):
         build_cache(cfg, tmp_path / "c", shard_rows=32, progress=False, log=quiet)
-    cfg.data.max_length, cfg.target.aux_layer_ids = 48, [1, 0]
-    with pytest.raises(CacheError, match=r"aux layer ids \[0, 1\], this run has \[1, 0\]"):
+    cfg.data.max_length, cfg.target.aux_layer_ids = 48, [1, 0]  # the same ids: runs read them ascending
+    lines = []
+    build_cache(cfg, tmp_path / "c", batch_size=3, shard_rows=32, progress=False, log=lines.append)
+    assert "sorted to [0, 1]" in lines[0] and "already complete" in lines[1]
+    cfg.target.aux_layer_ids = [0, 2]
+    with pytest.raises(CacheError, match=r"aux layer ids \[0, 1\], this run has \[0, 2\]"):
         build_cache(cfg, tmp_path / "c", shard_rows=32, progress=False, log=quiet)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from draftsmith.drafts import eagle3 as eagle3_family
 from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
 
 V, VD, H, HT = 50, 20, 32, 24
@@ -210,6 +211,61 @@ def test_prefix_hits_and_simulated_tau_hand_case():
     assert out.simulated_tau == pytest.approx(1 + 4 / 5 + 2 / 4)
     # aggregated over two such batches: same rates
     assert simulated_tau(out.prefix_correct * 2, out.step_count * 2) == pytest.approx(2.3)
+
+
+def test_draft_vocab_miss_counts_in_the_metric_denominator_not_in_the_loss():
+    # T = 5, every slot in the loss mask, but slot 2's target argmax lies outside the draft vocab
+    # (position_mask[2] = 0): no draft logit can name it, so it is a certain miss. The draft gets every
+    # other target right.
+    d = make_draft(ttt_steps=3)
+    T = 5
+    y = torch.tensor([3, 1, 4, 1, 5])  # y[s] = the in-vocab label at slot s (slot 2's is meaningless)
+    probs = torch.nn.functional.one_hot(y, VD).float()[None]
+    loss_mask = torch.ones(1, T)
+    position_mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 1.0]])
+    rows = []  # per step: the start positions t the CE (lm_head) is applied to
+
+    def fake_logits(normed):
+        k = len(rows)
+        starts = [t for t in range(T - k) if position_mask[0, t + k]]
+        rows.append(starts)
+        assert normed.shape[0] == len(starts)  # the loss still skips the out-of-vocab slot
+        return torch.nn.functional.one_hot(y[[t + k for t in starts]], VD).float() * 10  # always right
+
+    d.compute_logits = fake_logits
+    aux, ids = torch.randn(1, T, 3, HT), torch.zeros(1, T, dtype=torch.long)
+    out = d(aux, ids, probs, position_mask, loss_mask)
+    assert rows == [[0, 1, 3, 4], [0, 2, 3], [1, 2]]  # slot 2 = start t + k: excluded from the CE
+    # step k counts the loss-mask positions with a step-k target: 5, 4, 3 (slot 2 among them)
+    assert out.step_count.tolist() == [5, 4, 3]
+    assert out.step_correct.tolist() == [4, 3, 2]  # hits = the CE rows, all right
+    # prefix: step 0 hits {0,1,3,4}; step 1 hits {0,2,3} -> chains {0,3}; step 2 hits {1,2} -> none
+    assert out.prefix_correct.tolist() == [4, 2, 0]
+    torch.testing.assert_close(out.step_accuracy, torch.tensor([4 / 5, 3 / 4, 2 / 3], dtype=torch.float64))
+    assert out.simulated_tau == pytest.approx(1 + 4 / 5 + 2 / 4)  # was 1 + 4/4 + 2/3 over position_mask
+    s = eagle3_family.summarize(out.sums)
+    assert s["positions"] == 5 and s["prefix_rate"] == pytest.approx([0.8, 0.5, 0.0])
+    assert s["conditional_acceptance"] == pytest.approx([0.8, 0.5 / 0.8, 0.0])
+    # the loss is the same with and without the loss mask: only the metrics changed
+    rows.clear()
+    legacy = d(aux, ids, probs, position_mask)
+    torch.testing.assert_close(out.step_losses, legacy.step_losses)
+    torch.testing.assert_close(out.loss, legacy.loss)
+    assert legacy.step_count.tolist() == [4, 3, 2]  # the old, biased denominator
+
+
+def test_supervised_reads_the_loss_mask():
+    from draftsmith.targets.contract import Eagle3Supervision
+
+    d = make_draft(ttt_steps=2)
+    aux, ids, probs, mask = make_batch()
+    pos = mask.clone()
+    pos[0, 4] = 0  # one loss position out of the draft vocab
+    sup = Eagle3Supervision(aux_hidden=aux, input_ids=ids, loss_mask=mask, target_probs=probs, position_mask=pos.bool())
+    out = d.supervised(sup)
+    ref = d(aux, ids, probs, pos, mask)
+    assert out.step_count.tolist() == ref.step_count.tolist() == [int(mask.sum()), int(mask[:, 1:].sum())]
+    torch.testing.assert_close(out.loss, d(aux, ids, probs, pos).loss)
 
 
 def test_vocab_map_and_lm_head_init():

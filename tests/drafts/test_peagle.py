@@ -253,6 +253,31 @@ def test_kl_normalisation_and_metrics_by_hand():
     assert out.simulated_tau == pytest.approx(1 + 5 / 6 + 2 / 5)
 
 
+def test_draft_vocab_miss_is_a_miss_in_the_metrics_only():
+    # test_kl_normalisation_and_metrics_by_hand's batch, but row 0's slot 3 has its target argmax
+    # outside the draft vocab (position_mask = 0). p's argmax over the draft vocab there is A's id 0,
+    # which the draft predicts; without position_mask that counted as a hit.
+    d = make_draft(draft_vocab_size=4, num_depths=2)
+    with torch.no_grad():
+        d.lm_head.weight.zero_()
+    A, B = torch.tensor([0.7, 0.1, 0.1, 0.1]), torch.tensor([0.1, 0.6, 0.2, 0.1])
+    probs = torch.stack([torch.stack([A, B, A, A]), torch.stack([A, A, A, A])])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 0]])
+    pos = mask.bool().clone()
+    pos[0, 3] = False
+    aux, ids, _, _ = make_batch(t=4)
+    out = d(aux, ids, probs, mask, cod=False, position_mask=pos)
+    base = d(aux, ids, probs, mask, cod=False)
+    assert out.depth_count.tolist() == [6, 5]  # still charged and counted
+    # row 0 ref 3 is reached at depth 0 (anchor 3) and depth 1 (anchor 2): one hit fewer at each
+    assert out.depth_correct.tolist() == [4, 3] and base.depth_correct.tolist() == [5, 4]
+    assert out.depth_prefix.tolist() == [4, 1]  # row 0 anchor 2's chain now breaks at depth 1
+    assert out.simulated_tau == pytest.approx(1 + 4 / 6 + 1 / 5)
+    s = pq.summarize(out.sums)
+    assert s["conditional_acceptance"] == pytest.approx([4 / 6, (1 / 5) / (4 / 6)])
+    torch.testing.assert_close(out.loss, base.loss)  # the loss is unchanged
+
+
 def test_cod_loss_matches_manual_sum_and_zero_mask_is_safe():
     d = make_draft()
     aux, ids, probs, mask = make_batch()

@@ -71,7 +71,9 @@ def test_peagle_summary_from_summed_micro_batches():
                           "depth_count": torch.tensor([10, 8])})
     assert s["step_accuracy"] == pytest.approx([0.6, 0.375]) and s["positions"] == 10
     assert s["simulated_tau"] == pytest.approx(1 + 6 / 10 + 2 / 8)
-    assert peagle.describe(s) == "per-depth accuracy [0.600 0.375]  simulated parallel tau 1.850"
+    # prefix rates 6/10, 2/8: depth 1 given depth 0 accepted = (2/8) / (6/10) = 0.417
+    assert s["conditional_acceptance"] == pytest.approx([0.6, 0.25 / 0.6])
+    assert peagle.describe(s) == "per-depth accuracy [0.600 0.375]  conditional [0.600 0.417]  simulated parallel tau 1.850"
 
 
 def test_eagle3_summary_from_summed_micro_batches():
@@ -81,6 +83,10 @@ def test_eagle3_summary_from_summed_micro_batches():
     s = eagle3.summarize({k: a[k] + b[k] for k in a})
     assert s["step_accuracy"] == pytest.approx([5 / 10, 3 / 8, 2 / 4])
     assert s["simulated_tau"] == pytest.approx(1 + 5 / 10 + 2 / 8 + 1 / 4) and s["positions"] == 10
-    assert eagle3.scalars(s) == pytest.approx({"simulated_tau": s["simulated_tau"], "acc0": 0.5, "acc1": 0.375, "acc2": 0.5})
+    # prefix rates 5/10, 2/8, 1/4 -> conditional .5, .25/.5, .25/.25
+    assert s["prefix_rate"] == pytest.approx([0.5, 0.25, 0.25])
+    assert s["conditional_acceptance"] == pytest.approx([0.5, 0.5, 1.0])
+    assert eagle3.scalars(s) == pytest.approx({"simulated_tau": s["simulated_tau"], "acc0": 0.5, "acc1": 0.375, "acc2": 0.5,
+                                               "cond0": 0.5, "cond1": 0.5, "cond2": 1.0})
     assert set(eagle3.PROGRESS.values()) <= set(eagle3.scalars(s))
-    assert eagle3.describe(s) == "per-step accuracy [0.500 0.375 0.500]  simulated tau 2.000"
+    assert eagle3.describe(s) == "per-step accuracy [0.500 0.375 0.500]  conditional [0.500 0.500 1.000]  simulated tau 2.000"

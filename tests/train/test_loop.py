@@ -195,6 +195,34 @@ def test_trailing_partial_window_equals_one_full_batch(tiny, tmp_path):
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7, msg=n)
 
 
+def test_held_out_metrics_count_every_loss_position_and_report_coverage(tiny, tmp_path, capsys):
+    # A 24-token draft vocab chosen on the train split: some held-out targets fall outside it. The
+    # held-out metrics still count every loss position (draft-vocab misses included), and the setup
+    # line gives the held-out split's coverage next to the train split's.
+    target, data = tiny
+    cfg = run_config(target, data, tmp_path / "cov")
+    cfg.data.draft_vocab_size = 24
+    trainer = Trainer(cfg, progress=False)
+    try:
+        t2d = trainer.vocab.t2d
+        held = [t for ex in trainer.eval_set for t, m in zip(ex.input_ids, ex.loss_mask) if m]
+        expected = sum(bool(t2d[t]) for t in held) / len(held)  # counted token by token
+        assert 0 < expected < 1 and trainer.held_out_coverage == pytest.approx(expected)
+        setup = next(line for line in trainer.describe() if line.startswith("setup:"))
+        assert f"(coverage {trainer.vocab.coverage:.3f} train, {expected:.3f} held-out)" in setup
+        sups = [sup for _, sup in trainer.supervise([trainer.eval_set])]
+        assert sum(int(x.position_mask.sum()) for x in sups) < sum(int(x.loss_mask.sum()) for x in sups)
+        metrics = trainer.evaluate()
+        # eagle3 supervision shifts the loss mask left by one: slot t is scored on token t+1's mask;
+        # the old denominator (position_mask) left out the targets outside the draft vocab
+        assert metrics["positions"] == sum(sum(ex.loss_mask[1:]) for ex in trainer.eval_set)
+        assert metrics["draft_vocab_coverage"] == pytest.approx(expected)
+        assert len(metrics["conditional_acceptance"]) == len(metrics["step_accuracy"]) == 3
+        assert metrics["conditional_acceptance"][0] == pytest.approx(metrics["prefix_rate"][0])
+    finally:
+        trainer.engine.close()
+
+
 def test_truncated_checkpoint_is_refused(tmp_path):
     ck = tmp_path / "epoch_0_step_5"
     (ck / "model" / "consolidated").mkdir(parents=True)

@@ -176,6 +176,10 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out_dir)
     job = _job(cfg, name, shard_rows, batch_size or cfg.train.batch_size)
+    from draftsmith.train.loop import aux_order_note
+
+    if note := aux_order_note(cfg):  # the manifest holds the ids ascending, as training reads them
+        log(f"cache: {note}")
     # Every rank must cut the same shards, or two ranks would write different rows under one name.
     ranked.agree(ranks, settings(job.manifest), f"draftsmith cache --out {out}", CacheError)
     state = ranked.main_first(ranks, lambda: _prepare(out, job.manifest, job.plan, log))
@@ -229,6 +233,8 @@ def _job(cfg, name: str, shard_rows: int, batch_size: int) -> _Job:
     aux_ids = aux_layer_ids(cfg, L)
     tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
     examples, _, _ = render_examples(cfg, tokenizer)
+    if cfg.data.eval_sources:  # the held-out split comes from there, and trainer eval asks the engine for it too
+        examples += render_examples(cfg, tokenizer, held_out=True)[0]
     rows, keys, seen = [], [], set()  # identical conversations are stored once
     for ex in examples:
         key = store.row_key(ex.input_ids)

@@ -4,9 +4,11 @@ Model math only. Module names equal the on-disk names of DESIGN section 5 (vLLM'
 LlamaForCausalLMEagle3 after stripping the `model.` prefix), so `state_dict()` is the checkpoint.
 
 Inference step (what vLLM computes, and what each training-time-test step reproduces):
-    h       = fc(cat_i fc_norm_i(aux_i))                      (B, T, n*Ht) -> (B, T, H)
+    a       = input_norm(cat_i aux_i) if norm_before_fc else cat_i aux_i      (B, T, n*Ht)
+    h       = fc(cat_i fc_norm_i(a_i))                        (B, T, n*Ht) -> (B, T, H)
     x       = cat(input_layernorm(embed(ids)), hidden_norm(h)) (B, T, 2H)
-    r       = h + o_proj(attn(q_proj(x), k_proj(x), v_proj(x)))   RoPE on q, k
+    r       = res + o_proj(attn(q_proj(x), k_proj(x), v_proj(x)))   RoPE on q, k;
+              res = hidden_norm(h) if norm_before_residual else h
     h_pre   = r + mlp(post_attention_layernorm(r))
     logits  = lm_head(norm(h_pre))                              over the draft vocab
     h_next  = norm(h_pre) if norm_output else h_pre            fed to the next draft step
@@ -22,7 +24,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 from torch import nn
 
-from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, repeat_kv
+from .layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
+                     repeat_kv)
 
 
 def refuse_other_family(config: dict, expected: str) -> None:
@@ -48,7 +51,11 @@ FREEZE_EMBEDDINGS = True  # draft.freeze_embeddings when the run config leaves i
 
 @dataclass
 class Eagle3Config:
-    """Shape and training knobs of an EAGLE-3 draft; `fc_norm`/`norm_output` are the EAGLE-3.1 flags."""
+    """Shape and training knobs of an EAGLE-3 draft; `fc_norm`/`norm_output` are the EAGLE-3.1 flags,
+    `norm_before_residual`/`norm_before_fc` the two further norms speculators trains with (both read by
+    vLLM 0.32's llama_eagle3.py: the layer-0 residual is hidden_norm(h); one RMSNorm `input_norm` over
+    the concatenated aux states before fc_norm/fc). All four balance the raw target states that
+    `init_from_target` passes straight into every step's residual."""
 
     hidden_size: int
     target_hidden_size: int
@@ -65,6 +72,8 @@ class Eagle3Config:
     max_position_embeddings: int = 2048
     fc_norm: bool = False
     norm_output: bool = False
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
     ttt_steps: int = 7
     step_weight: float = 0.8
 
@@ -129,6 +138,10 @@ class Eagle3Config:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             fc_norm=bool(config.get("fc_norm", False)),
             norm_output=bool(config.get("norm_output", False)),
+            # where vLLM 0.32 reads them: norm_before_residual top level, norm_before_fc in
+            # eagle_config first, then top level
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
             ttt_steps=extra.get("ttt_steps", Eagle3Config.ttt_steps),
             step_weight=extra.get("step_weight", Eagle3Config.step_weight),
         )
@@ -146,9 +159,11 @@ class Eagle3Output:
 
     loss: torch.Tensor
     step_losses: torch.Tensor  # (K,) per-step soft CE, each normalised by its supervised positions
-    step_correct: torch.Tensor  # (K,) int64: argmax agrees with the target at supervised positions
+    step_correct: torch.Tensor  # (K,) int64: argmax agrees with the target's full-vocab argmax
     prefix_correct: torch.Tensor  # (K,) int64: steps 0..k all agree at the same start position
-    step_count: torch.Tensor  # (K,) int64: supervised positions per step
+    # (K,) int64: loss-mask positions with a step-k target, INCLUDING those whose target lies outside
+    # the draft vocab (a certain miss, as vLLM counts it); the loss skips those (no logit for them)
+    step_count: torch.Tensor
     parts: Optional[LossParts] = None  # loss = parts.loss(): step k's CE sum / its count, weighted
 
     @property
@@ -219,6 +234,12 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = Eagle3Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.norm_before_residual = cfg.norm_before_residual
+
+    def residual(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The residual stream the layer adds to: the draft state h (B, T, H), or hidden_norm(h) with
+        ``norm_before_residual`` (vLLM's ``_norm_before_residual``)."""
+        return self.hidden_norm(hidden) if self.norm_before_residual else hidden
 
     def fuse(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, H) token embeddings + (B, T, H) draft state -> (B, T, 2H) attention input."""
@@ -238,6 +259,8 @@ class Eagle3Model(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        if cfg.norm_before_fc:  # one RMSNorm over all n*Ht concatenated aux features (vLLM: `input_norm`)
+            self.input_norm = RMSNorm(cfg.num_aux * cfg.target_hidden_size, cfg.rms_norm_eps)
         if cfg.fc_norm:
             self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
         self.layers = nn.ModuleList([Eagle3DecoderLayer(cfg)])
@@ -331,6 +354,8 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"aux_hidden {tuple(aux_hidden.shape)} must end in (num_aux={self.cfg.num_aux}, "
                              f"target_hidden_size={self.cfg.target_hidden_size})")
         aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
+        if self.cfg.norm_before_fc:  # first, as vLLM: (B, T, n, Ht) -> RMSNorm over n*Ht -> (B, T, n, Ht)
+            aux_hidden = self.model.input_norm(aux_hidden.flatten(-2)).unflatten(-1, aux_hidden.shape[-2:])
         if self.cfg.fc_norm:  # EAGLE-3.1: each target layer's state normalised separately
             aux_hidden = torch.stack([n(aux_hidden[..., i, :]) for i, n in enumerate(self.model.fc_norm)], -2)
         return self.model.fc(aux_hidden.flatten(-2))  # (B, T, n*Ht) -> (B, T, H)
@@ -383,7 +408,7 @@ class Eagle3Draft(nn.Module):
             out = probs[..., :t] @ values[0]  # (B, h, T, d)
             for j in range(1, k + 1):
                 out = out + probs[..., t + j - 1, None] * values[j]
-            h_pre = layer.finish(out, residual=h)
+            h_pre = layer.finish(out, residual=layer.residual(h))
             normed = self.model.norm(h_pre)
             yield Eagle3Step(h_pre, self.compute_logits(normed) if logits else None, normed)
             h = normed if cfg.norm_output else h_pre  # fed back unshifted
@@ -394,34 +419,41 @@ class Eagle3Draft(nn.Module):
         input_ids: torch.Tensor,
         target_probs: torch.Tensor,
         position_mask: torch.Tensor,
+        loss_mask: Optional[torch.Tensor] = None,
     ) -> Eagle3Output:
         """Training-time test over already-shifted EAGLE-3 supervision (right padding only).
 
         aux_hidden (B, T, n, Ht): slot t holds the target's aux states at t; input_ids (B, T): token_{t+1};
-        target_probs (B, T, Vd): draft-vocab distribution of token_{t+2}; position_mask (B, T).
+        target_probs (B, T, Vd): draft-vocab distribution of token_{t+2}; position_mask (B, T): loss
+        positions whose target argmax lies in the draft vocab; loss_mask (B, T): all loss positions
+        (None: position_mask, for callers without a pruned vocab).
         loss_k = sum_t m_k[t] * CE(p_k[t], logits_k[t]) / max(sum_t m_k[t], 1) with ids/probs/mask
         shifted left by k; loss = sum_k 0.8^k loss_k / sum_k 0.8^k (base = cfg.step_weight).
+        Metrics count over shift_left(loss_mask, k): a hit needs m_k (the draft cannot name a target
+        outside its vocab), so accuracy and simulated tau are hits / all loss positions, as in vLLM.
         """
-        ce_sums, correct, prefix_hits, counts = [], [], [], []
+        ce_sums, correct, prefix_hits, counts, loss_counts = [], [], [], [], []
         prefix = None
+        loss_mask = position_mask if loss_mask is None else loss_mask
         for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False)):
-            mask_k = shift_left(position_mask, k).bool()  # (B, T)
+            mask_k = shift_left(position_mask, k).bool()  # (B, T) rows the CE is taken on
+            scored_k = shift_left(loss_mask, k).bool() | mask_k  # (B, T) rows the metrics count
             # The lm_head, log-softmax and CE run on supervised rows only: (N, H) -> (N, Vd). That
             # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
             probs_k = shift_left(target_probs, k)[mask_k].float()  # (N, Vd)
             logits_k = self.compute_logits(step.normed[mask_k])  # (N, Vd)
             ce = -(probs_k * logits_k.log_softmax(-1)).sum(-1)  # (N,)
-            n = mask_k.sum()
             ce_sums.append(ce.sum())
+            loss_counts.append(mask_k.sum())
             with torch.no_grad():
-                hit = torch.zeros_like(mask_k)
+                hit = torch.zeros_like(mask_k)  # False at out-of-draft-vocab loss positions: a miss
                 hit[mask_k] = logits_k.argmax(-1) == probs_k.argmax(-1)
                 prefix = hit if prefix is None else prefix & hit  # chain from the same start t
                 correct.append(hit.sum())
                 prefix_hits.append(prefix.sum())
-                counts.append(n)
+                counts.append(scored_k.sum())
         w = self.cfg.step_weight ** torch.arange(len(ce_sums), dtype=torch.float64)
-        parts = LossParts.of(ce_sums, counts, (w / w.sum()).tolist())  # loss = sum_k w_k/sum(w) * ce_k / n_k
+        parts = LossParts.of(ce_sums, loss_counts, (w / w.sum()).tolist())  # sum_k w_k/sum(w) * ce_k / n_k
         return Eagle3Output(
             loss=parts.loss(),
             step_losses=(parts.num / parts.den.clamp(min=1)).detach(),
@@ -434,7 +466,7 @@ class Eagle3Draft(nn.Module):
     def supervised(self, sup: Any, generators: RowGenerators = None) -> Eagle3Output:
         """:meth:`forward` on an ``eagle3`` supervision object (read by field name); EAGLE-3 draws
         nothing at random, so ``generators`` (one per row) is unused."""
-        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask)
+        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (weights = `state_dict()`)."""
@@ -442,7 +474,7 @@ class Eagle3Draft(nn.Module):
         if len(aux_layer_ids) != cfg.num_aux:
             raise ValueError(f"aux_layer_ids {list(aux_layer_ids)} has {len(aux_layer_ids)} ids but the draft's "
                              f"fc expects num_aux={cfg.num_aux}")
-        return {
+        out = {
             "architectures": ["LlamaEagle3DraftModel"],
             "model_type": "llama",
             "hidden_size": cfg.hidden_size,
@@ -469,6 +501,12 @@ class Eagle3Draft(nn.Module):
             "torch_dtype": torch_dtype,
             "draftsmith": {"draft_type": "eagle3", "ttt_steps": cfg.ttt_steps, "step_weight": cfg.step_weight},
         }
+        # written only when on, where vLLM 0.32 reads them (a draft without them exports as before)
+        if cfg.norm_before_residual:
+            out["norm_before_residual"] = True
+        if cfg.norm_before_fc:
+            out["eagle_config"]["norm_before_fc"] = True
+        return out
 
 
 # ---------------------------------------------------------------------------------- family contract
@@ -491,7 +529,7 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
         draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
         rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
         max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
-        ttt_steps=draft.ttt_steps, step_weight=draft.step_weight,
+        norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc, ttt_steps=draft.ttt_steps, step_weight=draft.step_weight,
     )
 
 
@@ -508,13 +546,23 @@ def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
     if draft.init_from_target:
         lm_head, final_norm = head()
         model.init_from_target(lm_head, vocab.draft_ids, final_norm)
+    # frozen: the target's own read-out rows stay (speculators does so), and the backward skips the
+    # lm_head weight-grad GEMM, the largest of a CPU step; config.py requires init_from_target for it
+    model.lm_head.weight.requires_grad_(not draft.freeze_lm_head)
 
 
 def position_summary(correct: torch.Tensor, prefix: torch.Tensor, count: torch.Tensor) -> dict:
-    """(K,) summed counts per drafted position -> accuracy per position, simulated tau (1 + sum of
-    prefix-hit rates) and supervised positions; shared by the families that draft K positions."""
+    """(K,) summed counts per drafted position -> a summary shared by the families that draft K positions:
+
+    step_accuracy: hits_k / count_k, each position on its own (teacher-forced, unconditional);
+    prefix_rate: prefix_k / count_k, positions 0..k all agree (vLLM's per-position acceptance rate);
+    conditional_acceptance: prefix_rate_k / prefix_rate_{k-1}, position k given 0..k-1 accepted;
+    simulated_tau: 1 + sum_k prefix_rate_k; positions: count_0 (loss-mask positions, draft-vocab misses
+    included)."""
     n = count.double()
     return {"step_accuracy": (correct.double() / n.clamp(min=1)).tolist(),
+            "prefix_rate": (prefix.double() / n.clamp(min=1)).tolist(),
+            "conditional_acceptance": conditional_rates(prefix, count),
             "simulated_tau": simulated_tau(prefix, count), "positions": int(n[0])}
 
 
@@ -524,12 +572,17 @@ def summarize(sums: dict[str, torch.Tensor]) -> dict:
 
 
 def scalars(summary: dict) -> dict[str, float]:
-    return {"simulated_tau": summary["simulated_tau"], **{f"acc{k}": a for k, a in enumerate(summary["step_accuracy"])}}
+    """TensorBoard scalars: acc{k} unconditional step accuracy, cond{k} conditional acceptance."""
+    return {"simulated_tau": summary["simulated_tau"], **{f"acc{k}": a for k, a in enumerate(summary["step_accuracy"])},
+            **{f"cond{k}": c for k, c in enumerate(summary.get("conditional_acceptance", ()))}}
 
 
-def describe(summary: dict) -> str:
+def describe(summary: dict, what: str = "step") -> str:
+    """One line: unconditional accuracy per step, the conditional acceptance next to it, simulated tau."""
     accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"])
-    return f"per-step accuracy [{accs}]  simulated tau {summary['simulated_tau']:.3f}"
+    cond = " ".join(f"{a:.3f}" for a in summary.get("conditional_acceptance", ()))
+    return (f"per-{what} accuracy [{accs}]  conditional [{cond}]  "
+            f"{'simulated parallel tau' if what == 'depth' else 'simulated tau'} {summary['simulated_tau']:.3f}")
 
 
 def layer_ids_from_export(config: dict) -> list[int]:

@@ -86,7 +86,7 @@ def extend(
     scores = (q @ keys.transpose(-1, -2)).float() / math.sqrt(cfg.head_dim)
     visible = torch.arange(past + t, device=q.device)[None, :] <= (past + torch.arange(t, device=q.device))[:, None]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(values.dtype)
-    h_pre = layer.finish(probs @ values, residual=hidden)  # (B, h, T, d) -> (B, T, H)
+    h_pre = layer.finish(probs @ values, residual=layer.residual(hidden))  # (B, h, T, d) -> (B, T, H)
     normed = draft.model.norm(h_pre)
     return Eagle3Step(hidden=h_pre, logits=draft.compute_logits(normed), normed=normed)
 

@@ -192,9 +192,9 @@ class PEagleOutput:
 
     loss: torch.Tensor
     depth_losses: torch.Tensor  # (K,) mean KL per depth over its charged elements
-    depth_correct: torch.Tensor  # (K,) int64: draft argmax == target argmax
+    depth_correct: torch.Tensor  # (K,) int64: draft argmax == target's full-vocab argmax
     depth_prefix: torch.Tensor  # (K,) int64: depths 0..d all agree at the same anchor
-    depth_count: torch.Tensor  # (K,) int64: charged elements per depth
+    depth_count: torch.Tensor  # (K,) int64: charged elements per depth (draft-vocab misses included)
     parts: Optional[LossParts] = None  # loss = parts.loss(): KL summed over charged elements / their count
 
     @property
@@ -241,7 +241,7 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         layer0 = self.model.layers[0]
         hidden = hidden.to(self.model.fc.weight.dtype)
         x = layer0.fuse(self.model.embed_tokens(input_ids), hidden)  # (B, N, 2H)
-        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask, caches[0]), residual=hidden)  # (B, N, H)
+        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask, caches[0]), residual=layer0.residual(hidden))  # (B, N, H)
         for layer, cache in zip(self.model.layers[1:], caches[1:]):
             h = layer(h, cos, sin, mask, cache)
         return self.model.norm(h)
@@ -259,7 +259,7 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
 
     def forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, target_probs: torch.Tensor,
                 loss_mask: torch.Tensor, generator: torch.Generator | RowGenerators = None,
-                cod: bool = True) -> PEagleOutput:
+                cod: bool = True, position_mask: Optional[torch.Tensor] = None) -> PEagleOutput:
         """Parallel-drafting loss over EAGLE-3 supervision (right padding only).
 
         aux_hidden (B, T, n, Ht) unshifted; input_ids (B, T) = token_{t+1}; target_probs (B, T, Vd) =
@@ -270,6 +270,9 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         visible to later (padded, uncharged) anchors.
             loss = sum_charged KL(p_ref || softmax(logits)) / #charged,  ref = anchor + depth < T,
         charged where loss_mask[ref] == 1; KL in fp32 summed over the draft vocab.
+        Metrics count every charged element; a hit also needs position_mask[ref] (B, T) (the target's
+        full-vocab argmax lies in the draft vocab; None: always), since p's argmax over the draft vocab
+        is then another token than the target's and the draft could not have proposed the real one.
         """
         cfg = self.cfg
         b, t = input_ids.shape
@@ -291,7 +294,9 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         with torch.no_grad():
             k, d_c = cfg.num_depths, depth[charged]
             count = torch.bincount(d_c, minlength=k)
-            hit = logits.argmax(-1) == p.argmax(-1)
+            hit = logits.argmax(-1) == p.argmax(-1)  # (M,)
+            if position_mask is not None:  # out of the draft vocab: a miss, still in depth_count
+                hit &= position_mask.bool()[bi, ref[charged]]
             table = torch.zeros(b, t, k, dtype=torch.long, device=ref.device)  # [b, anchor, depth] agrees
             table[bi, anchor[charged], d_c] = hit.long()
             return PEagleOutput(
@@ -308,7 +313,8 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
         ``generators[i]``; None: torch's global RNG, which every checkpoint saves), every (anchor,
         depth) in eval mode (held-out metrics)."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask,
-                    generator=generators if self.training else None, cod=self.training)
+                    generator=generators if self.training else None, cod=self.training,
+                    position_mask=sup.position_mask)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
@@ -361,8 +367,7 @@ scalars = eagle3.scalars
 
 
 def describe(summary: dict) -> str:
-    accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"])
-    return f"per-depth accuracy [{accs}]  simulated parallel tau {summary['simulated_tau']:.3f}"
+    return eagle3.describe(summary, "depth")
 
 
 def load_exported(config: dict, state: dict[str, torch.Tensor],

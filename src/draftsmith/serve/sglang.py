@@ -66,9 +66,11 @@ def reject_for_sglang(config: dict, source: Optional[str] = None) -> None:
 def sglang_config(config: dict) -> dict:
     """The config SGLang's ``LlamaForCausalLMEagle3`` needs (a new dict)."""
     reject_for_sglang(config)
-    if config.get("fc_norm") or config.get("norm_output"):
-        raise ServeError("EAGLE-3.1 drafts (fc_norm / norm_output) are not implemented by SGLang's "
-                         "LlamaForCausalLMEagle3; serve them with `draftsmith serve vllm`")
+    flags = [k for k in ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
+             if config.get(k) or (config.get("eagle_config") or {}).get(k)]
+    if flags:
+        raise ServeError(f"{' / '.join(flags)}: these EAGLE-3.1 / speculators norms are not implemented by SGLang's "
+                         "LlamaForCausalLMEagle3; serve the draft with `draftsmith serve vllm`")
     if int(config.get("num_hidden_layers", 1)) != 1:
         raise ServeError(f"num_hidden_layers={config.get('num_hidden_layers')}: SGLang's EAGLE-3 loader reads one "
                          "draft layer (midlayer); serve multi-layer drafts with `draftsmith serve vllm`")

@@ -167,8 +167,7 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
     ``speculators_config.verifier.name_or_path`` (the target it then loads as the model) and a
     ``transformer_layer_config`` dict (the draft's own layer config). Algorithm fields sit at the top
     level: eagle3/peagle read ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``
-    (defaults TRUE for eagle3; draftsmith drafts add the un-normed hidden as residual, so it must
-    be false), ``norm_before_fc``, ``fc_norm``, ``norm_output``, ``eagle_aux_hidden_state_layer_ids``;
+    (defaults TRUE for eagle3, so the draft's own value is always written), ``norm_before_fc``, ``fc_norm``, ``norm_output``, ``eagle_aux_hidden_state_layer_ids``;
     peagle reads ``mask_token_id`` (-> pard_token). dflash reads ``aux_hidden_state_layer_ids`` and
     sets ``dflash_config.target_layer_ids = [i - 1 ...]`` (DFlash files index layer outputs).
     """
@@ -187,7 +186,10 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
                    sliding_window_non_causal=not dflash.get("causal", False))
     else:
         top.update(speculators_model_type="peagle" if family == "peagle" else "eagle3",
-                   norm_before_residual=False, norm_before_fc=False,
+                   # speculators defaults norm_before_residual to TRUE: always written, from the draft's config
+                   norm_before_residual=bool(config.get("norm_before_residual", False)),
+                   norm_before_fc=bool((config.get("eagle_config") or {}).get("norm_before_fc",
+                                                                              config.get("norm_before_fc", False))),
                    fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
                    eagle_aux_hidden_state_layer_ids=(config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
         if family == "peagle":

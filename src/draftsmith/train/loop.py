@@ -27,14 +27,18 @@ import torch
 
 from draftsmith import distributed as dist
 from draftsmith.config import ConfigError, RunConfig, dump_config
-from draftsmith.data.dataset import Example, build_examples, collate, epoch_order, length_grouped, split_holdout
+from draftsmith.data.dataset import (Example, build_examples, collate, epoch_order, holdout_from_sources, length_grouped,
+                                     split_holdout)
+from draftsmith.data.formats import DataError
 from draftsmith.data.sources import iter_rows, load_conversations
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts import family_of_config, get_family
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import default_layer_ids, supervision_kind, supervision_to, validate_layer_ids
+from draftsmith.targets.contract import (ENGINE_ORDER_WHY, ascending_layer_ids, default_layer_ids, supervision_kind,
+                                        supervision_to, validate_layer_ids)
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import parallel
+from draftsmith.train.optim import build_optimizer
 
 
 @dataclass
@@ -129,7 +133,7 @@ def resolve_template_kwargs(cfg: RunConfig) -> dict:
     in the checkpoint's meta.json). A config that contradicts its regenerated data is refused."""
     from draftsmith.data.regenerate import template_kwargs_of
 
-    made_with = template_kwargs_of(cfg.data.sources)
+    made_with = template_kwargs_of(cfg.data.sources + cfg.data.eval_sources)  # the held-out rows render alike
     asked = cfg.data.chat_template_kwargs
     if asked is not None and made_with is not None and asked != made_with:
         raise ConfigError([f"'data.chat_template_kwargs' = {json.dumps(asked)} but data.sources were regenerated with "
@@ -139,24 +143,40 @@ def resolve_template_kwargs(cfg: RunConfig) -> dict:
 
 
 def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
-    """The target layer ids the draft of ``cfg`` reads: target.aux_layer_ids or the family's default rule.
+    """The target layer ids the draft of ``cfg`` reads: target.aux_layer_ids or the family's default rule,
+    in ascending order (:func:`aux_order_note` says when that reordered the user's list).
 
-    Shared with ``draftsmith cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
+    Ascending because every engine serves them so (contract.ENGINE_ORDER_WHY: vLLM sorts the ids of
+    EAGLE-3, P-EAGLE and DFlash drafts, SGLang captures in layer order): features, fc's input blocks,
+    the cache, meta.json and the exported config all follow this one list. Shared with ``draftsmith
+    cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
     """
     rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
     # DFlash-family drafts read decoder-layer outputs (on disk: engine id - 1), so engine id 0 is refused
     first = 1 if rule == "dflash" else 0
-    return validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count), num_layers,
-                              first=first)
+    return ascending_layer_ids(validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count),
+                                                  num_layers, first=first))[0]
 
 
-def render_examples(cfg: RunConfig, tokenizer: Any) -> tuple[list[Example], Any, int]:
+def aux_order_note(cfg: RunConfig) -> Optional[str]:
+    """The one-line note for a ``target.aux_layer_ids`` that :func:`aux_layer_ids` reordered, else None."""
+    return ascending_layer_ids(cfg.target.aux_layer_ids)[1] if cfg.target.aux_layer_ids else None
+
+
+def render_examples(cfg: RunConfig, tokenizer: Any, held_out: bool = False) -> tuple[list[Example], Any, int]:
     """Conversations of ``data.*`` rendered as the trainer sees them: ``(examples, data report, dropped)``.
 
     One code path for training and ``draftsmith cache``, so cached rows are exactly the trainer's rows
-    (before the train / held-out split; both parts ask the engine).
+    (before the train / held-out split; both parts ask the engine). ``held_out``: the rows of
+    ``data.eval_sources`` instead (all of them: data.max_rows subsets the training sources only).
     """
-    convs, report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
+    if held_out:
+        try:
+            convs, report = load_conversations(cfg.data.eval_sources, seed=cfg.train.seed)
+        except DataError as e:
+            raise DataError(f"data.eval_sources: {e}") from None
+    else:
+        convs, report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
     examples, dropped = build_examples(convs, tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
                                        template_kwargs=resolve_template_kwargs(cfg))
     return examples, report, dropped
@@ -209,7 +229,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
                                        f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
-        for spec in cfg.data.sources:
+        for spec in cfg.data.sources + cfg.data.eval_sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
         self._open_engine()
         self._load_data()
@@ -253,9 +273,17 @@ class Trainer:
         self.template_kwargs = resolve_template_kwargs(cfg)
         examples, self.data_report, self.dropped = render_examples(cfg, self.tokenizer)
         eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
-        self.train_set, self.eval_set = split_holdout(
-            examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
-        )
+        if cfg.data.eval_sources:  # held out from other sources: the metric tracks text unlike the training rows
+            held, _, held_dropped = render_examples(cfg, self.tokenizer, held_out=True)
+            self.train_set, self.eval_set, in_train = holdout_from_sources(examples, held)
+            self.held_out_from = (f"held-out from data.eval_sources {cfg.data.eval_sources}"
+                                  + (f", {in_train} also in data.sources left out" if in_train else "")
+                                  + (f", {held_dropped} without an assistant token dropped" if held_dropped else ""))
+        else:
+            self.train_set, self.eval_set = split_holdout(
+                examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
+            )
+            self.held_out_from = f"held-out: data.eval_size={eval_size:g} of data.sources"
 
     def _build_vocab(self, saved: Optional[dict]) -> None:
         """The draft vocab (the checkpoint's on resume), told to the engine: a remote one computes
@@ -273,6 +301,13 @@ class Trainer:
             self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
         self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
         self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
+        # The vocab is chosen on the train split, so its coverage there flatters it: the share of the
+        # held-out split's loss-mask tokens inside the draft vocab is what text the draft was not
+        # chosen on looks like (every other one is a certain miss). None without a held-out split.
+        from draftsmith.drafts import vocab as vocab_math
+
+        counts = vocab_math.token_counts(((ex.input_ids, ex.loss_mask) for ex in self.eval_set), self.info.vocab_size)
+        self.held_out_coverage = vocab_math.coverage(counts, self.vocab.draft_ids) if int(counts.sum()) else None
 
     def _build_draft(self) -> None:
         """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
@@ -283,10 +318,13 @@ class Trainer:
         self.draft.to(self.device)
 
     def _build_optimizer(self) -> None:
-        """AdamW over the trainable parameters, and the LR schedule over the run's optimizer steps."""
+        """The optimizer (train/optim.py: AdamW, or Muon + AdamW) over the trainable parameters, and the
+        LR schedule over the run's optimizer steps."""
         t = self.cfg.train
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        if t.optimizer == "muon" and t.parallel == "fsdp2" and self.ranks.world > 1:
+            raise ConfigError([f"'train.optimizer' = 'muon' with train.parallel fsdp2 on {self.ranks.world} ranks: "
+                               "Muon orthogonalises whole matrices and FSDP2 shards them; use train.parallel: ddp"])
+        self.optimizer = build_optimizer(self.model.named_parameters(), t)
         self.global_batch = t.batch_size * self.ranks.world  # conversations per micro-step, all ranks together
         self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / self.global_batch) / t.grad_accum)
         self.total_steps = self.steps_per_epoch * t.epochs
@@ -313,6 +351,12 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
                 f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
+        was_ids = saved["meta"].get("aux_layer_ids")
+        if was_ids and list(was_ids) != sorted(was_ids):  # trained before aux ids were sorted: fc's blocks differ
+            raise ckpt.CheckpointError(
+                f"{self.resumed_from}: trained with aux layer ids {list(was_ids)} in that order, and runs now train "
+                f"them ascending ({ENGINE_ORDER_WHY}); serve or export it as it is (`draftsmith export` reorders its "
+                "fc for the engines) or start a new run in another output.dir")
         # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
         # one the weights were trained as: a changed value would load and train on silently.
         # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
@@ -329,7 +373,13 @@ class Trainer:
     def _restore(self, saved: dict) -> None:
         """Optimizer, scheduler, this rank's RNG and the data position from a checkpoint."""
         t = self.cfg.train
-        parallel.load_optimizer(self.model, self.optimizer, saved["optim"]["optimizer"])
+        state, muon = saved["optim"]["optimizer"], self.cfg.train.optimizer == "muon"
+        if isinstance(state, dict) and ("parts" in state) != muon:  # one run's optimizer state under another
+            raise ckpt.CheckpointError(
+                f"{self.resumed_from}: the checkpoint was trained with train.optimizer: "
+                f"{'adamw' if muon else 'muon'}, this run asks for {self.cfg.train.optimizer}; resume with the "
+                "checkpoint's optimizer (its config.yaml) or start a new run in another output.dir")
+        parallel.load_optimizer(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
         ckpt.set_rng_state(saved["rng"], self.ranks.rank)
         n_rng = len(saved["rng"].get("ranks") or [None])
@@ -545,8 +595,9 @@ class Trainer:
             lines.append(f"data: {self.dropped} of {n_convs} conversations dropped (no assistant token within "
                          f"data.max_length={self.cfg.data.max_length})")
         lines.append(f"setup: {len(self.train_set)} train / {len(self.eval_set)} held-out conversations, draft vocab "
-                     f"{self.vocab.draft_ids.numel()} of {self.info.vocab_size} (coverage {self.vocab.coverage:.3f}), "
-                     f"aux layers {self.aux_ids}")
+                     f"{self.vocab.draft_ids.numel()} of {self.info.vocab_size} (coverage {self.vocab.coverage:.3f} train"
+                     + (f", {self.held_out_coverage:.3f} held-out" if self.held_out_coverage is not None else "") + "), "
+                     f"aux layers {self.aux_ids}; {self.held_out_from}")
         steps = (f"{self.total_steps} steps ({self.steps_per_epoch}/epoch x {t.epochs} epochs"
                  + (f", capped by train.max_steps={t.max_steps})" if t.max_steps is not None else ")"))
         start = f" from step {self.step}" if self.step else ""
@@ -601,6 +652,8 @@ class Trainer:
             n += 1
         sums, _ = self.reduce_sums(sums, 0)
         metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
+        if self.held_out_coverage is not None:  # the whole split's, next to metrics that count its misses
+            metrics["draft_vocab_coverage"] = self.held_out_coverage
         if self.writer is not None:
             self.writer.add_scalar("eval/loss", metrics["loss"], self.step)
             for name, value in self.family.scalars(metrics).items():
@@ -657,8 +710,10 @@ def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool
     the setup summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
-        for line in trainer.describe() if announce and trainer.ranks.main else ():
-            announce(line)
+        if announce and trainer.ranks.main:
+            note = aux_order_note(cfg)  # the ids in meta.json and the export differ from the config's: say why
+            for line in ([note] if note else []) + trainer.describe():
+                announce(line)
         return trainer.run()
     finally:
         trainer.engine.close()
