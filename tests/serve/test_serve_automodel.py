@@ -120,3 +120,32 @@ def test_what_no_fixup_explains_is_still_refused(tmp_path, capsys, layers, decla
     code, _, err = run(capsys, "serve", "vllm", "--target", "/t", "--draft", str(draft), "--num-speculative-tokens", "3", "--print-only")
     assert code == 2 and needle in err, err
     assert sc.tree_digest(tmp_path) == before
+
+
+def cli(*argv):
+    """`python -m draftsmith ...` in a subprocess: what a user's shell sees (exit code, stdout, stderr)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "draftsmith", *argv], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cli_serves_exports_and_doctors_the_automodel_checkpoint(tmp_path):
+    draft = sc.make("automodel", tmp_path / "src")
+    t32 = sc.make_target(tmp_path / "t32", num_hidden_layers=32)
+    code, out, err = cli("serve", "vllm", "--target", str(t32), "--draft", str(draft), "--num-speculative-tokens", "3",
+                         "--print-only")
+    assert code == 0 and FIXUP in err and "Traceback" not in err, err
+    code, out, err = cli("export", "--to", "vllm", str(draft), str(tmp_path / "out"))
+    assert code == 0 and FIXUP in err, err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["num_hidden_layers"] == 1
+    code, out, err = cli("doctor", str(draft), "--target", str(t32))
+    assert code == 0 and "PROBLEM" not in out and FIXUP in err, (out, err)
+    # what no fixup explains: one line naming the file, exit 2, no traceback
+    state = sc.eagle_state()
+    state.update(sc.layer_tensors("model.layers.2.", sc.H))
+    bad = sc.write(tmp_path / "bad", sc.automodel_config(), state)
+    code, _, err = cli("export", "--to", "vllm", str(bad), str(tmp_path / "out2"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and "Traceback" not in err, err
