@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -24,7 +23,7 @@ from typing import Callable, Optional
 from draftsmith.drafts import DFLASH_ARCHS, family_of_config  # noqa: F401 (DFLASH_ARCHS: re-exported)
 from draftsmith.drafts import held_layers as layers_in
 from draftsmith.drafts import layer_count_fixup as config_layer_fixup
-from draftsmith.weights import read_tensors
+from draftsmith.weights import DamagedFile, read_tensors, safetensors_layout
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -163,26 +162,12 @@ def resolve_draft(spec: str | os.PathLike) -> Draft:
 
 
 def safetensors_header(path: Path) -> dict:
-    """Tensor name -> {dtype, shape, data_offsets} from a safetensors file, without reading tensors."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ServeError(f"{path}: truncated safetensors file (no header); re-export the draft")
-        (n,) = struct.unpack("<Q", raw)  # little-endian u64 header length
-        if n > 100_000_000:
-            raise ServeError(f"{path}: safetensors header of {n} bytes is not plausible; the file is corrupt")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ServeError(f"{path}: corrupt safetensors header; re-export the draft") from None
-    header.pop("__metadata__", None)
-    # The tensors' bytes follow the header; a file cut short in them still has a valid header.
-    end = 8 + n + max((int(v["data_offsets"][1]) for v in header.values() if isinstance(v, dict)), default=0)
-    size = path.stat().st_size
-    if size < end:
-        raise ServeError(f"{path}: truncated safetensors file ({size} of {end} bytes); re-export the draft "
-                         "or use another checkpoint")
-    return header
+    """Tensor name -> {dtype, shape, data_offsets} from a safetensors file, without reading tensors
+    (weights.safetensors_layout: header parsed, size checked against it), or a one-line ServeError."""
+    try:
+        return safetensors_layout(path)[0]
+    except DamagedFile as e:
+        raise ServeError(f"{path}: {e}; re-export the draft or use another checkpoint") from None
 
 
 def weight_shapes(draft: Draft) -> dict[str, tuple[int, ...]]:
