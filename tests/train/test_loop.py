@@ -164,6 +164,10 @@ def test_resume_mid_run_is_bitwise_equal(tiny, tmp_path, family):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert [l for s, l in full.history if s > 7] == [l for _, l in resumed.history]
+    # tokens_seen counts from step 0 across the resume: the resumed run's final figure is the full run's
+    seen = [json.loads((c / "meta.json").read_text())["tokens_seen"] for c in (full.checkpoint, resumed.checkpoint)]
+    mid_seen = json.loads((mid / "meta.json").read_text())["tokens_seen"]
+    assert seen[0] == seen[1] == full.tokens == mid_seen + resumed.tokens and 0 < mid_seen < full.tokens
     # A changed data order would make the position point elsewhere: refused by name, before training
     # (a changed batch size is not one: the same order of conversations continues, see test_parallel).
     with pytest.raises(CheckpointError, match=r"data order changed .*\(train.group_by_length False -> True\)"):

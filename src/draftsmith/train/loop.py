@@ -339,6 +339,7 @@ class Trainer:
         # this epoch's length grouping was cut with
         self.step, self.epoch, self.batch_pos, self.row_pos = 0, 0, 0, 0
         self.group_batch = self.global_batch
+        self.tokens_seen = 0  # real tokens trained on since step 0, all ranks, across resumes
 
     def _restore_draft(self, saved: dict) -> None:
         """The draft's weights from a checkpoint (before any wrapping), once its data order and config
@@ -385,6 +386,7 @@ class Trainer:
         n_rng = len(saved["rng"].get("ranks") or [None])
         meta = saved["meta"]
         self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        self.tokens_seen = meta.get("tokens_seen", 0)  # checkpoints before it was kept: counted from 0
         # checkpoints before ranks counted micro-batches of train.batch_size on one process
         was_batch = meta.get("global_batch") or (meta.get("data_order") or {}).get("train.batch_size", t.batch_size)
         was_world = meta.get("world_size", 1)
@@ -522,6 +524,7 @@ class Trainer:
                 stats = self.train_window([[self.train_set[i] for i in rows] for rows, _ in window], sups,
                                           [w for _, w in window], [self.row_generators(rows) for rows, _ in window])
                 tokens += stats["tokens"]
+                self.tokens_seen += stats["tokens"]
                 loss_sum = stats["loss"]
                 summary = self.family.summarize(stats["sums"])
                 scalars = self.family.scalars(summary)
@@ -677,6 +680,7 @@ class Trainer:
             "parallel": self.cfg.train.parallel if self.ranks.world > 1 else None,
             "data_order": self.data_order(),
             "total_steps": self.total_steps,
+            "tokens_seen": self.tokens_seen,  # x of a tau-vs-training-tokens curve (bench/tau_curve.py)
             "aux_layer_ids": self.aux_ids,
             "target": self.cfg.target.path,
             "target_info": self.info.to_dict(),
