@@ -15,8 +15,9 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
    own answers to 320 ShareGPT first turns, features at max_length 2048, aux layers [2, 15, 27] + the
    last pre-norm state, bf16). A draftsmith ``Trainer`` over the demo recipe gives the train rows and
    the 24 held-out rows; both sides get exactly these, the held-out rows as their validation split.
-3. **Our draft**: the demo recipe (``demo_config``, the sweep's ``baseline``: EAGLE-3, 3 TTT steps,
-   8,192-token draft vocab, AdamW lr 2e-3, batch 2, bf16 autocast) with ``train.max_time_s = W``
+3. **Our draft**: ``--recipe`` (default ``demo``: the demo's recipe, since bench/recipe_sweep.py the
+   sweep's ``best``; ``baseline`` is the plain one: EAGLE-3, 3 TTT steps, 8,192-token draft vocab, AdamW
+   lr 2e-3, batch 2, bf16 autocast, every knob off) with ``train.max_time_s = W``
    (its LR cosine fitted to W from the measured step time). W counts its training loop; the final
    held-out eval and save come after it.
 4. **Conversion** into speculators' offline layout (what ``speculators prepare-data`` +
@@ -109,6 +110,7 @@ DROP = ("torchvision", "torchaudio", "torchcodec", "triton")
 VENV_MARK = ".draftsmith-peer-complete"
 DATA_MARK = "draftsmith_peer.json"
 PEER_LAYER_IDS = (2, 15, 27)  # speculators' default [2, n//2, n-3] for SmolLM2's 30 layers; the cache's too
+SERVED = ("ngram", "draftsmith", "speculators")  # configurations --serve picks from (no speculation always)
 MAX_MODEL_LEN = 2048
 SERVE_EXTRA = ("--enforce-eager", "--seed", "0")
 
@@ -423,10 +425,10 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     """(train rows, held-out rows, our training summary): the demo recipe with train.max_time_s = W."""
     from draftsmith import distributed as dist
     from draftsmith.config import build_config
-    from draftsmith.train.demo import demo_config
     from draftsmith.train.loop import Trainer
+    from recipe_sweep import variant_config
 
-    raw = demo_config(str(run_dir), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir))
+    raw = variant_config(args.recipe, run_dir, regen_dir, cache_dir)
     raw["train"]["max_time_s"] = float(args.wall_s)
     raw["output"]["tensorboard"] = False
     args.draft_vocab_size = raw["data"]["draft_vocab_size"]
@@ -458,63 +460,11 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
 
 
 # ---------------------------------------------------------------------------------------------- serving
-def settled_counters(client: Any, base: str, tries: int = 10, pause_s: float = 0.2) -> dict:
-    """The spec-decode counters once two reads agree (a step's stats can land just after its response)."""
-    from draftsmith.eval.online import vllm_spec_counters
-
-    zero = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_position": {}}
-    prev = vllm_spec_counters(client.request("GET", base + "/metrics").decode()) or zero
-    for _ in range(tries):
-        time.sleep(pause_s)
-        cur = vllm_spec_counters(client.request("GET", base + "/metrics").decode()) or zero
-        if cur == prev:
-            break
-        prev = cur
-    return prev
-
-
-def serve_sets(name: str, argv: Sequence[str], port: int, sets: dict[str, list[list[int]]], max_tokens: int,
-               log: Path) -> dict[str, dict]:
-    """One server, one warm-up request, then each prompt set timed alone with its own counter diff."""
-    from draftsmith.eval.online import HttpClient, counter_diff
-    from draftsmith.serve.process import ServerProcess
-
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    client = HttpClient(retries=2, timeout_s=600.0)
-    base = f"http://127.0.0.1:{port}"
-    out: dict[str, dict] = {}
-    t0 = time.monotonic()
-    with ServerProcess(argv, port, log, env=env, ready_s=900.0, stop_s=60):
-        ready = time.monotonic() - t0
-        model = client.get_json(base + "/v1/models")["data"][0]["id"]
-
-        def complete(ids: Sequence[int]) -> list[int]:
-            body = {"model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
-                    "return_token_ids": True}
-            return client.post_json(base + "/v1/completions", body)["choices"][0]["token_ids"]
-
-        complete(next(iter(sets.values()))[0][:16])  # warm-up, not timed
-        for set_name, prompts in sets.items():
-            before = settled_counters(client, base)
-            t = time.monotonic()
-            outs = [complete(p) for p in prompts]
-            wall = time.monotonic() - t
-            d = counter_diff(before, settled_counters(client, base))
-            tokens = sum(len(o) for o in outs)
-            drafts = d["drafts"]
-            out[set_name] = {"name": name, "tokens": tokens, "wall_s": round(wall, 2),
-                             "tokens_per_s": tokens / wall if wall > 0 else 0.0, "ready_s": round(ready, 1),
-                             "drafts": drafts, "draft_tokens": d["draft_tokens"], "accepted": d["accepted"],
-                             "tau": 1.0 + d["accepted"] / drafts if drafts else 1.0,
-                             "per_position": [d["per_position"][i] / drafts for i in sorted(d["per_position"])]
-                             if drafts else [], "outputs": outs}
-    return out
-
-
 def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int]]], ks: Sequence[int],
-              max_tokens: int, log_dir: Path, dtype: str) -> list[dict]:
-    """no speculation, ngram K=3, then per K ours and speculators'; one server each, every set on it."""
-    from draftsmith.eval.speedup import NGRAM_LOOKUP
+              max_tokens: int, log_dir: Path, dtype: str, serve: Sequence[str] = SERVED) -> list[dict]:
+    """no speculation, ngram K=3, then per K ours and speculators' (those of ``serve``: no speculation
+    always); one server each, every set on it."""
+    from draftsmith.eval.speedup import NGRAM_LOOKUP, serve_prompt_sets
     from draftsmith.serve.process import free_port
     from draftsmith.serve.resolve import resolve_draft
     from draftsmith.serve.vllm import plan_vllm, vllm_argv
@@ -525,7 +475,7 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
     for k in ks:
         configs += [(f"draftsmith K={k}", "draftsmith", k, None), (f"speculators K={k}", "speculators", k, None)]
     results = []
-    for name, label, k, _ in configs:
+    for name, label, k, _ in [c for c in configs if c[1] == "none" or c[1] in serve]:
         port = free_port()
         if label == "draftsmith":
             argv = plan_vllm(target, draft, k=k, port=port, **common).argv
@@ -536,7 +486,8 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
             argv = vllm_argv(target, {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}, port=port, **common)
         else:
             argv = vllm_argv(target, None, port=port, **common)
-        per_set = serve_sets(name, argv, port, sets, max_tokens, log_dir / f"serve_{name.replace(' ', '_')}.log")
+        per_set = serve_prompt_sets(name, argv, port, sets, max_tokens, log_dir / f"serve_{name.replace(' ', '_')}.log",
+                                    ready_s=900.0)
         for set_name, r in per_set.items():
             r.update(label=label, k=k, prompt_set=set_name)
             results.append(r)
@@ -565,6 +516,12 @@ def main() -> int:
     import platformdirs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", default="demo",
+                    help="our side's recipe: demo (the demo's, default) or a bench/recipe_sweep.py variant (baseline: "
+                         "the plain recipe, every knob off)")
+    ap.add_argument("--serve", nargs="+", choices=SERVED, default=list(SERVED),
+                    help="which configurations to serve (no speculation always): e.g. --reuse --recipe best --serve "
+                         "draftsmith retrains and serves our side only")
     ap.add_argument("--wall-s", type=float, default=1200.0, help="training seconds for each side (default 1200)")
     ap.add_argument("-k", type=int, nargs="+", default=[1, 3], help="K for both drafts (default 1 3)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set, spread over its categories")
@@ -590,7 +547,10 @@ def main() -> int:
     from draftsmith.train.demo import prepare_data
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from recipe_sweep import spread_prompts
+    from recipe_sweep import VARIANTS, spread_prompts
+
+    if args.recipe != "demo" and args.recipe not in VARIANTS:
+        ap.error(f"--recipe {args.recipe!r}: unknown; known: demo, {', '.join(VARIANTS)}")
 
     out_path = Path(args.out).resolve()
     work = out_path.parent / out_path.stem  # runs/bench/peer_speculators/: checkpoints, data, logs
@@ -637,20 +597,22 @@ def main() -> int:
     print(f"serving: target {target}, {args.prompts} prompts per set, {args.max_tokens} tokens, batch 1, "
           f"{args.dtype}", flush=True)
     results = serve_all(target, Path(ours["checkpoint"]), Path(peer["checkpoint"]), sets, args.k, args.max_tokens,
-                        work, args.dtype)
+                        work, args.dtype, args.serve)
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
     verdict = {}
     for s in args.prompt_sets:
         for k in args.k:
-            o = next(r for r in results if r["prompt_set"] == s and r["label"] == "draftsmith" and r["k"] == k)
-            p = next(r for r in results if r["prompt_set"] == s and r["label"] == "speculators" and r["k"] == k)
+            o = next((r for r in results if r["prompt_set"] == s and r["label"] == "draftsmith" and r["k"] == k), None)
+            p = next((r for r in results if r["prompt_set"] == s and r["label"] == "speculators" and r["k"] == k), None)
+            if o is None or p is None:  # --serve left one side out
+                continue
             verdict[f"{s}@K{k}"] = {"draftsmith_tau": round(o["tau"], 4), "speculators_tau": round(p["tau"], 4),
                                     "ours_ge_theirs": o["tau"] >= p["tau"]}
     lines = table(results, args.prompt_sets)
     lines += ["", "| side | steps | tokens seen | training s | tokens/s | checkpoint |", "|---|---|---|---|---|---|"]
-    for side, s in (("draftsmith (demo recipe)", ours), (f"speculators 0.9.0 (default recipe, {args.peer_schedule} LR)", peer)):
+    for side, s in ((f"draftsmith ({args.recipe} recipe)", ours), (f"speculators 0.9.0 (default recipe, {args.peer_schedule} LR)", peer)):
         lines.append(f"| {side} | {s['steps']} | {s['tokens']} | {s['train_s']:.0f} | "
                      f"{s['tokens'] / max(s['train_s'], 1e-9):.0f} | {s['checkpoint']} |")
     lines += ["", "our real tau >= speculators': " + ", ".join(

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from recipe_sweep import VARIANTS, merged, spread_prompts  # noqa: E402  (bench/ is the script's dir)
+from recipe_sweep import VARIANTS, spread_prompts, variant_config  # noqa: E402  (bench/ is the script's dir)
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -55,7 +55,7 @@ def plot(points: list[dict], keys: list[str], title: str, out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variant", default="best", help=f"a bench/recipe_sweep.py variant: {', '.join(VARIANTS)}")
+    ap.add_argument("--variant", default="best", help=f"a bench/recipe_sweep.py variant ({', '.join(VARIANTS)}) or demo (the demo's recipe)")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("-k", type=int, nargs="+", default=[3])
@@ -65,14 +65,14 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="score the checkpoints already under the run dir")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "tau_curve.json"))
     args = ap.parse_args()
-    if args.variant not in VARIANTS:
+    if args.variant not in VARIANTS and args.variant != "demo":
         ap.error(f"--variant {args.variant!r}: unknown; known: {', '.join(VARIANTS)}")
     if args.save_every <= 0 or args.save_every > args.steps:
         ap.error(f"--save-every {args.save_every}: expected 1..--steps ({args.steps})")
 
     from draftsmith.config import build_config
     from draftsmith.eval.offline import run_eval
-    from draftsmith.train.demo import demo_config, prepare_data
+    from draftsmith.train.demo import prepare_data
     from draftsmith.train.loop import train
 
     out = Path(args.out)
@@ -82,8 +82,7 @@ def main() -> int:
     train_s = None
     if not (args.reuse and checkpoints(run_dir)):
         regen_dir, cache_dir, _ = prepare_data(progress=False)
-        raw = merged(demo_config(str(run_dir), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir)),
-                     VARIANTS[args.variant])
+        raw = variant_config(args.variant, run_dir, regen_dir, cache_dir)
         raw["train"].update(epochs=50, max_steps=args.steps, save_every=args.save_every)
         raw["output"]["tensorboard"] = False
         t0 = time.perf_counter()
@@ -109,7 +108,7 @@ def main() -> int:
         print(f"step {row['step']:>5}  tokens {row['tokens_seen']:>9,}  "
               + "  ".join(f"{key} tau {row['real'][key]:.3f}" for key in keys), flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"args": vars(args), "variant": VARIANTS[args.variant], "train_s": train_s,
+        out.write_text(json.dumps({"args": vars(args), "variant": VARIANTS.get(args.variant, "demo"), "train_s": train_s,
                                    "points": points}, indent=2) + "\n")
     if not points:
         print(f"tau_curve: no checkpoints under {run_dir}/checkpoints", file=sys.stderr)

@@ -93,3 +93,33 @@ def test_measure_refuses_prompts_that_overflow_the_context_before_starting_a_ser
     with pytest.raises(EvalError, match="prompts: empty"):
         measure("unused-target", {}, [3], [], 128, log_dir=tmp_path)
     assert not list(tmp_path.iterdir())  # nothing started, no log written
+
+
+def test_serve_prompt_sets_times_each_set_on_one_server_with_its_own_counter_diff(tmp_path):
+    # A child process with vLLM's HTTP surface (fake_vllm_server.py: 2 drafts, n // 2 accepted and one
+    # at position 0 per completion of n tokens), so the per-set arithmetic is checkable by hand.
+    import socket
+    import sys
+    from pathlib import Path
+
+    from draftsmith.eval.speedup import run_config, serve_prompt_sets
+    from draftsmith.serve.process import free_port
+
+    script = str(Path(__file__).with_name("fake_vllm_server.py"))
+    port = free_port()
+    sets = {"a": [[1, 2, 3, 4, 5, 6]], "b": [[5, 6], [7, 8, 9, 10, 11, 12]]}
+    out = serve_prompt_sets("fake K=2", [sys.executable, script, str(port)], port, sets, 5, tmp_path / "a.log",
+                            ready_s=60)
+    assert list(out) == ["a", "b"]
+    a, b = out["a"], out["b"]  # the warm-up request before "a" is in neither diff
+    assert (a["drafts"], a["accepted"], a["draft_tokens"], a["tau"], a["per_position"]) == (2, 3, 4, 2.5, [0.5])
+    assert (b["drafts"], b["accepted"], b["draft_tokens"], b["tau"], b["per_position"]) == (4, 4, 8, 2.0, [0.5])
+    assert a["outputs"] == [[1, 2, 3, 4, 5]] and b["outputs"] == [[5, 6], [7, 8, 9, 10, 11]]
+    assert (a["tokens"], b["tokens"]) == (5, 7) and a["name"] == b["name"] == "fake K=2"
+    assert a["tokens_per_s"] > 0 and a["ready_s"] == b["ready_s"]
+    with pytest.raises(OSError):  # the server is stopped on the way out
+        socket.create_connection(("127.0.0.1", port), timeout=1)
+    # run_config is the one-set case
+    port = free_port()
+    one = run_config("fake", [sys.executable, script, str(port)], port, sets["b"], 5, tmp_path / "b.log", ready_s=60)
+    assert (one["drafts"], one["accepted"], one["tau"], one["outputs"]) == (4, 4, 2.0, b["outputs"])

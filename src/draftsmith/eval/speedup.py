@@ -23,8 +23,8 @@ from draftsmith.eval import EvalError
 from draftsmith.eval.online import HttpClient, counter_diff, vllm_spec_counters
 from draftsmith.eval.prompts import PROMPT_SETS, EvalPrompt, render_prompt
 
-__all__ = ["configurations", "measure", "run_config", "best_by_kind", "one_line", "render_prompts",
-           "describe_prompt_set", "outputs_identical"]
+__all__ = ["configurations", "measure", "run_config", "serve_prompt_sets", "settled_counters", "best_by_kind",
+           "one_line", "render_prompts", "describe_prompt_set", "outputs_identical"]
 
 NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}  # vLLM's documented ngram example
 SET_TITLES = {"mt_bench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval",
@@ -90,7 +90,7 @@ def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: boo
     return out
 
 
-def _counters(client: HttpClient, base: str, tries: int = 10, pause_s: float = 0.2) -> dict:
+def settled_counters(client: HttpClient, base: str, tries: int = 10, pause_s: float = 0.2) -> dict:
     """The spec-decode counters once two reads agree (the last step's stats may land just after its
     response); zeros for a server without speculation, which exposes none."""
     prev = vllm_spec_counters(client.request("GET", base + "/metrics").decode()) or _ZERO
@@ -103,12 +103,15 @@ def _counters(client: HttpClient, base: str, tries: int = 10, pause_s: float = 0
     return prev
 
 
-def run_config(name: str, argv: Sequence[str], port: int, prompts: Sequence[Sequence[int]], max_tokens: int,
-               log: Path, *, preload: str = "", env: Optional[dict] = None, ready_s: float = 600.0) -> dict:
-    """Start one server, warm up, send every prompt alone (greedy), read the counters, stop the server.
+def serve_prompt_sets(name: str, argv: Sequence[str], port: int, sets: dict[str, Sequence[Sequence[int]]],
+                      max_tokens: int, log: Path, *, preload: str = "", env: Optional[dict] = None,
+                      ready_s: float = 600.0) -> dict[str, dict]:
+    """Start one server, warm up, then time each prompt set in turn (every prompt alone, greedy) with
+    its own counter diff; stop the server. One start serves several sets: on CPU a start costs tens
+    of seconds.
 
-    Returns ``{"name", "tokens", "wall_s", "tokens_per_s", "ready_s", "drafts", "draft_tokens",
-    "accepted", "tau", "per_position", "outputs"}`` (tau is 1.0 when nothing was drafted).
+    Returns ``{set name: {"name", "tokens", "wall_s", "tokens_per_s", "ready_s", "drafts",
+    "draft_tokens", "accepted", "tau", "per_position", "outputs"}}`` (tau is 1.0 when nothing was drafted).
     """
     from draftsmith.serve.process import ServerProcess
 
@@ -118,6 +121,7 @@ def run_config(name: str, argv: Sequence[str], port: int, prompts: Sequence[Sequ
     if preload:  # vLLM CPU warns that speculative decoding is much slower without Intel OpenMP preloaded
         server_env["LD_PRELOAD"] = ":".join(p for p in (preload, os.environ.get("LD_PRELOAD", "")) if p)
     client = HttpClient(retries=2, timeout_s=600.0)
+    out: dict[str, dict] = {}
     t0 = time.monotonic()
     with ServerProcess(argv, port, log, env=server_env, ready_s=ready_s, stop_s=60):
         ready = time.monotonic() - t0
@@ -128,19 +132,29 @@ def run_config(name: str, argv: Sequence[str], port: int, prompts: Sequence[Sequ
                     "return_token_ids": True}
             return client.post_json(base + "/v1/completions", body)["choices"][0]["token_ids"]
 
-        complete(prompts[0][:16])  # warm-up (first-request compilation and allocation), not timed
-        before = _counters(client, base)
-        t = time.monotonic()
-        outs = [complete(p) for p in prompts]
-        wall = time.monotonic() - t
-        diff = counter_diff(before, _counters(client, base))
-    drafts = diff["drafts"]
-    tokens = sum(len(o) for o in outs)
-    per_pos = [diff["per_position"][i] for i in sorted(diff["per_position"])]
-    return {"name": name, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-            "ready_s": ready, "drafts": drafts, "draft_tokens": diff["draft_tokens"], "accepted": diff["accepted"],
-            "tau": 1.0 + diff["accepted"] / drafts if drafts else 1.0,
-            "per_position": [a / drafts for a in per_pos] if drafts else [], "outputs": outs}
+        complete(next(iter(sets.values()))[0][:16])  # warm-up (first-request compilation and allocation), not timed
+        for set_name, prompts in sets.items():
+            before = settled_counters(client, base)
+            t = time.monotonic()
+            outs = [complete(p) for p in prompts]
+            wall = time.monotonic() - t
+            diff = counter_diff(before, settled_counters(client, base))
+            drafts = diff["drafts"]
+            tokens = sum(len(o) for o in outs)
+            per_pos = [diff["per_position"][i] for i in sorted(diff["per_position"])]
+            out[set_name] = {
+                "name": name, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+                "ready_s": ready, "drafts": drafts, "draft_tokens": diff["draft_tokens"], "accepted": diff["accepted"],
+                "tau": 1.0 + diff["accepted"] / drafts if drafts else 1.0,
+                "per_position": [a / drafts for a in per_pos] if drafts else [], "outputs": outs}
+    return out
+
+
+def run_config(name: str, argv: Sequence[str], port: int, prompts: Sequence[Sequence[int]], max_tokens: int,
+               log: Path, *, preload: str = "", env: Optional[dict] = None, ready_s: float = 600.0) -> dict:
+    """:func:`serve_prompt_sets` with one set: one server, ``prompts`` timed, its result dict."""
+    return serve_prompt_sets(name, argv, port, {"prompts": prompts}, max_tokens, log, preload=preload, env=env,
+                             ready_s=ready_s)["prompts"]
 
 
 def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequence[int]], max_tokens: int = 128,
