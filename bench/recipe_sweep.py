@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-NORMS = {"fc_norm": True, "norm_output": True, "norm_before_residual": True, "norm_before_fc": True}
+from draftsmith.train.demo import RECIPE_NORMS as NORMS  # noqa: E402  (the four norms, all on: one definition)
+
 # Every variant starts from the plain recipe (the demo's shape with every knob off), whatever the demo
 # itself uses now (since this sweep it is "best"), so the rows of one table stay comparable across runs.
 PLAIN = {"draft": {**{k: False for k in NORMS}, "freeze_lm_head": False}, "train": {"optimizer": "adamw"}}
