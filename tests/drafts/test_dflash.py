@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.drafts import dflash, domino, jetspec
-from draftsmith.drafts.dflash import (DFlashConfig, DFlashDraft, NoValidAnchors, block_inputs, block_metrics,
-                                      decay_weights, sample_anchors, visibility)
+from draftsmith.drafts.dflash import api as dflash
+from draftsmith.drafts.dflash import domino, jetspec
+from draftsmith.drafts.dflash.config import DFlashConfig
+from draftsmith.drafts.dflash.model import (DFlashDraft, NoValidAnchors, block_inputs, block_metrics, decay_weights,
+                                           sample_anchors, visibility)
 
 V, H, L, MASK = 50, 32, 6, 7
 
@@ -306,7 +308,7 @@ def test_export_round_trip(module, extra, causal):
 
 
 def test_a_dflash_checkpoint_does_not_load_as_eagle3():
-    from draftsmith.drafts import eagle3
+    from draftsmith.drafts.eagle3 import api as eagle3
 
     config = make_draft().export_config([2, 4])
     with pytest.raises(ValueError) as err:

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from draftsmith.drafts import eagle3 as eagle3_family
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft, simulated_tau
+from draftsmith.drafts.eagle3 import api as eagle3_family
+from draftsmith.drafts.eagle3.config import Eagle3Config
+from draftsmith.drafts.eagle3.model import Eagle3Draft, simulated_tau
 
 V, VD, H, HT = 50, 20, 32, 24
 

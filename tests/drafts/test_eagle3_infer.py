@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
-from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
+from draftsmith.drafts.eagle3.config import Eagle3Config
+from draftsmith.drafts.eagle3.model import Eagle3Draft
+from draftsmith.drafts.eagle3.infer import DraftKVCache, extend, next_hidden
 
 V, VD, H, HT = 50, 20, 32, 24
 

@@ -6,8 +6,10 @@ import math
 import torch
 from transformers import LlamaConfig
 
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
-from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, load_exported
+from draftsmith.drafts.eagle3.config import Eagle3Config
+from draftsmith.drafts.eagle3.model import Eagle3Draft
+from draftsmith.drafts.eagle3.export import load_exported
+from draftsmith.drafts.eagle3.infer import DraftKVCache, extend
 from draftsmith.serve.export import vllm_key
 
 V, VD, H, HT, N = 50, 20, 32, 24, 3
@@ -114,7 +116,7 @@ def test_export_names_what_vllm_reads_and_round_trips():
 def test_freeze_lm_head_keeps_the_target_rows_and_skips_their_gradient():
     from types import SimpleNamespace
 
-    from draftsmith.drafts import eagle3
+    from draftsmith.drafts.eagle3 import api as eagle3
 
     d = make_draft()
     g = torch.Generator().manual_seed(3)
@@ -132,7 +134,8 @@ def test_freeze_lm_head_keeps_the_target_rows_and_skips_their_gradient():
 
 
 def test_peagle_carries_the_norms_into_its_export_and_mask_slots():
-    from draftsmith.drafts.peagle import PEagleConfig, PEagleDraft
+    from draftsmith.drafts.peagle.config import PEagleConfig
+    from draftsmith.drafts.peagle.model import PEagleDraft
 
     torch.manual_seed(0)
     base = make_draft(**ALL).cfg

@@ -7,8 +7,10 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.drafts.eagle3 import Eagle3Config, Eagle3Draft
-from draftsmith.drafts.peagle import PEagleConfig, PEagleDraft
+from draftsmith.drafts.eagle3.config import Eagle3Config
+from draftsmith.drafts.eagle3.model import Eagle3Draft
+from draftsmith.drafts.peagle.config import PEagleConfig
+from draftsmith.drafts.peagle.model import PEagleDraft
 from draftsmith.eval.offline import HFTarget
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import eagle3_supervision

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from draftsmith.eval.offline import Eagle3Proposer, HFTarget, PEagleProposer
+from draftsmith.drafts.eagle3.infer import Eagle3Proposer
+from draftsmith.drafts.peagle.infer import PEagleProposer
+from draftsmith.eval.offline import HFTarget
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import Proposal, generate_plain, generate_speculative, verify_greedy
 from eval_helpers import AUX_IDS, draft_for

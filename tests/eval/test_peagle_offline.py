@@ -8,7 +8,8 @@ import torch
 
 from draftsmith.cli import EXIT_BAD_INPUT, main
 from draftsmith.eval import EvalError
-from draftsmith.eval.offline import (PROPOSERS, HFTarget, PEagleProposer, check_k, held_out_tau, load_draft,
+from draftsmith.drafts.peagle.infer import PEagleProposer
+from draftsmith.eval.offline import (PROPOSERS, HFTarget, check_k, held_out_tau, load_draft,
                                      proposer_for)
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, generate_speculative

@@ -9,7 +9,8 @@ import importlib.util
 
 import pytest
 
-from draftsmith.eval.offline import Eagle3Proposer, HFTarget
+from draftsmith.drafts.eagle3.infer import Eagle3Proposer
+from draftsmith.eval.offline import HFTarget
 from draftsmith.eval.prompts import render_prompt
 from draftsmith.eval.report import acceptance_stats
 from draftsmith.eval.speculative import generate_plain, generate_speculative

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.eval.offline import Eagle3Proposer, HFTarget, evaluate
+from draftsmith.drafts.eagle3.infer import Eagle3Proposer
+from draftsmith.eval.offline import HFTarget, evaluate
 from draftsmith.eval.online import HttpClient, bench_server
 from draftsmith.eval.prompts import EvalPrompt, render_prompt
 from draftsmith.serve.process import ServerProcess, free_port

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 import serve_ckpts as sc
-from draftsmith.drafts.eagle3_infer import load_exported
-from draftsmith.drafts.peagle import load_exported as load_peagle
+from draftsmith.drafts.eagle3.export import load_exported
+from draftsmith.drafts.peagle.export import load_exported as load_peagle
 from draftsmith.serve.cli import main
 from draftsmith.serve.doctor import diagnose
 from draftsmith.serve.export import export_draft

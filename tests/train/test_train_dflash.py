@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import build_config
-from draftsmith.drafts import DraftError, eagle3, peagle
+from draftsmith.drafts import DraftError
+from draftsmith.drafts.eagle3 import api as eagle3
+from draftsmith.drafts.peagle import api as peagle
 from draftsmith.eval import EvalError
 from draftsmith.train.checkpoint import CheckpointError
 from draftsmith.weights import read_tensors

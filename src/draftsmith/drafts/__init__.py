@@ -1,17 +1,20 @@
-"""Draft families: model math only (no I/O, no engines), and the registry of families.
+"""Draft families: model math and inference (no I/O beyond state dicts, no engines), and their registry.
 
-:data:`FAMILIES` maps a family name (``draft.type``) to the module that implements it; modules are
-imported lazily by :func:`get_family`, so importing this package stays torch-free. ``train/`` joins a
-family to the engines: a family names the supervision kind it learns from by string (a key of
-``targets.contract.SUPERVISION``) and never imports ``targets/``.
+Each family lives in its own folder (``eagle3/``, ``peagle/``, ``dflash/`` with JetSpec and Domino
+beside it) and is described by ONE :class:`~draftsmith.drafts.family.Family` (its ``__init__.py``,
+torch-free), registered here with one :func:`register` line. config.py, train/, eval/ and serve/
+ask that object (``get_family(name)``, or :func:`family_of_config` for an exported config.json)
+instead of keeping lists of families; a family added in its own folder (or outside draftsmith,
+tests/drafts/toy_family) needs no edit anywhere else. ``train/`` joins a family to the engines: a
+family names the supervision kind it learns from by string (a key of ``targets.contract.SUPERVISION``)
+and never imports ``targets/``.
 
-A family module exports exactly these names (``eagle3.py`` is the reference):
+The family contract: a Family's ``api`` module (``eagle3/api.py`` is the reference) exports these
+names, which the Family forwards (``get_family("eagle3").Model``):
 
-``SUPERVISION: str``
-    the supervision kind it trains on (``"eagle3"``: shifted, draft-vocab target probs).
 ``layer_rule(draft) -> (rule, count)``
     its default target layer ids: a rule of ``targets.contract.LAYER_ID_RULES`` and how many ids
-    (None: the rule's own count); ``target.aux_layer_ids`` overrides it. ``draft`` = config.DraftConfig.
+    (None: the rule's own count); ``target.aux_layer_ids`` overrides it. ``draft``: its DraftConfig.
 ``config_from_target(info, draft, *, draft_vocab_size, num_layer_ids, layer_ids=None) -> Config``
     the model config for a target (``info``: TargetInfo's attributes) and the run's ``draft`` section;
     ``layer_ids``: the engine layer ids it will read (DFlash records them in its config).
@@ -22,13 +25,19 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
     ``supervised(sup) -> output`` (``output.loss`` carries grad; ``output.sums`` is a dict of
     detached tensors that add up across micro-batches), ``export_config(layer_ids, torch_dtype) -> dict``
     and ``cfg`` (its Config).
+``Proposer``
+    ``Proposer(model)``: its offline proposer (drafts/proposer.py protocol), which the exact evaluator
+    (eval/offline.py) and the trainer's real-tau hook drive; ``kind``, ``max_k`` (None = any),
+    ``default_k`` (eval without -k), ``trained_k`` (the trainer hook's K), ``k_knob`` (what bounds K).
 ``attach_target(model, draft, *, embeddings, head, vocab) -> None``
     take what the draft needs from the target before training: ``embeddings`` (V, H); ``head()``
     returns (lm_head (V, H), final_norm (H,)) and is only called when needed; ``vocab`` has
     ``draft_ids`` (Vd,), ``d2t`` (Vd,) and ``t2d`` (V,).
 ``load_exported(config, state, target_embeddings, target_lm_head=None) -> Model``
     a model for inference from an export (``state``: on-disk tensor names); ValueError when they do
-    not fit. Drafts that borrow the target's lm_head (DFlash) take it here (None: the embeddings). ``layer_ids_from_export(config) -> list[int]``: the target layer ids it was trained on.
+    not fit. Families that borrow the target's lm_head (``Family.borrows_lm_head``) take it here
+    (None: the embeddings). ``layer_ids_from_export(config) -> list[int]``: the engine layer ids it
+    was trained on.
 ``summarize(sums) -> dict``
     metric sums (over any number of micro-batches) -> summary (``step_accuracy``, ``prefix_rate`` and
     ``conditional_acceptance`` lists per drafted position over the loss-mask positions, a target
@@ -36,50 +45,59 @@ A family module exports exactly these names (``eagle3.py`` is the reference):
     ``scalars(summary) -> dict[str, float]``: what tensorboard logs;
     ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
 
+``SUPERVISION`` (the supervision kind) is the Family's own ``supervision`` field.
 Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every
 optimizer step and before each held-out evaluation (Domino's loss schedule reads it).
-Optional in the module: ``checkpoint_meta(model) -> dict``, JSON-able facts the trainer merges into
-the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer_ids).
+Optional in the api module: ``checkpoint_meta(model) -> dict``, JSON-able facts the trainer merges
+into the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer_ids).
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+from .family import DraftConfig, Family, KRule, WeightRule  # noqa: F401 (the description's parts)
 
-# Families that train here: name -> module (imported on first use).
-FAMILIES: dict[str, str] = {
-    "eagle3": "draftsmith.drafts.eagle3",
-    "peagle": "draftsmith.drafts.peagle",
-    "dflash": "draftsmith.drafts.dflash",
-    "jetspec": "draftsmith.drafts.jetspec",
-    "domino": "draftsmith.drafts.domino",
-}
-
-# Every family a checkpoint can hold (serve/resolve.py classifies the same way); those not in
-# FAMILIES are known but not trainable or loadable here yet.
-KNOWN_FAMILIES = ("eagle3", "peagle", "dflash", "jetspec", "domino")
-DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
+# name -> Family, in registration order (the first is draft.type's default)
+FAMILIES: dict[str, Family] = {}
+KNOWN_FAMILIES = FAMILIES.keys()  # a live view: every registered family trains, evaluates and (where an
+                                  # engine has it) serves
 
 
 class DraftError(ValueError):
     """A draft family or checkpoint this build cannot handle; the message names it and the fix."""
 
 
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Register ``family`` (one line per family, below; a family outside draftsmith registers the same
+    way). A second family of the same name is a DraftError unless ``replace``."""
+    if not isinstance(family, Family):
+        raise DraftError(f"register({family!r}): expected a draftsmith.drafts.family.Family")
+    if family.name in FAMILIES and not replace:
+        raise DraftError(f"draft family {family.name!r} is already registered ({FAMILIES[family.name]!r}); "
+                         "pick another name or pass replace=True")
+    FAMILIES[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove family ``name`` (tests that register a family of their own undo it)."""
+    FAMILIES.pop(name, None)
+
+
+def default_family() -> str:
+    """The family ``draft.type`` defaults to: the first one registered."""
+    return next(iter(FAMILIES))
+
+
 def family_of_config(config: dict) -> str:
-    """Classify an exported draft config.json: DFlash family by architecture or ``dflash_config``
-    (JetSpec = ``dflash_config.causal``, Domino = ``projector_type: domino``), P-EAGLE by
-    ``parallel_drafting``, otherwise EAGLE-3 (``LlamaEagle3DraftModel`` and its aliases)."""
-    archs = config.get("architectures") or []
-    dflash = config.get("dflash_config")
-    if any(a in DFLASH_ARCHS for a in archs) or isinstance(dflash, dict):
-        dflash = dflash or {}
-        if str(dflash.get("projector_type", "")).lower() == "domino":
-            return "domino"
-        return "jetspec" if dflash.get("causal") else "dflash"
-    if config.get("parallel_drafting"):
-        return "peagle"
-    return "eagle3"
+    """Classify an exported draft config.json by asking every family whether it recognises it
+    (EAGLE-3 also takes what no family claims: third-party ``LlamaEagle3DraftModel`` configs)."""
+    claimed = [f.name for f in FAMILIES.values() if not f.fallback and f.recognises(config)]
+    if len(claimed) > 1:
+        raise DraftError(f"config.json is recognised by several draft families ({', '.join(claimed)}); "
+                         "their `recognises` rules overlap: make them exclusive")
+    if claimed:
+        return claimed[0]
+    return next(f.name for f in FAMILIES.values() if f.fallback)
 
 
 def held_layers(names) -> set[int]:
@@ -100,7 +118,7 @@ def layer_count_fixup(config: dict, names) -> tuple[int, int] | None:
     the rest uninitialised without a word (its EAGLE-3 ``load_weights`` returns no loaded-name set,
     so the loader's missing-weight check never runs). The layers the weights hold are the draft.
     """
-    if family_of_config(config) not in ("eagle3", "peagle"):
+    if FAMILIES[family_of_config(config)].layout != "eagle":
         return None
     layers, want = held_layers(names), config.get("num_hidden_layers")
     if not layers or want is None or layers != set(range(len(layers))) or int(want) <= len(layers):
@@ -108,11 +126,19 @@ def layer_count_fixup(config: dict, names) -> tuple[int, int] | None:
     return int(want), len(layers)
 
 
-def get_family(name: str) -> ModuleType:
-    """The module of family ``name``; a known-but-unsupported or unknown name is a one-line DraftError."""
+def get_family(name: str) -> Family:
+    """The description of family ``name`` (its code behind it: ``get_family(n).Model``); an unknown
+    name is a one-line DraftError."""
     if name in FAMILIES:
-        return importlib.import_module(FAMILIES[name])
-    if name in KNOWN_FAMILIES:
-        raise DraftError(f"draft family {name!r} is not supported by this draftsmith yet; "
-                         f"supported: {', '.join(FAMILIES)}")
+        return FAMILIES[name]
     raise DraftError(f"draft family {name!r} is unknown; expected one of {', '.join(FAMILIES)}")
+
+
+# The families of this draftsmith, one line each (their descriptions are torch-free; code loads on first use).
+from . import dflash, eagle3, peagle  # noqa: E402
+
+register(eagle3.FAMILY)
+register(peagle.FAMILY)
+register(dflash.FAMILY)
+register(dflash.JETSPEC)
+register(dflash.DOMINO)

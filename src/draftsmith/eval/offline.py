@@ -4,13 +4,13 @@ Both sides keep KV caches. The target (:class:`HFTarget`) verifies K drafted tok
 and is cropped back to the accepted prefix (``DynamicCache.crop``). Drafts propose as vLLM 0.32
 serves them:
 
-- EAGLE-3 (:class:`Eagle3Proposer`, chain): keeps its own cache of target slots, drafts a chain of
+- EAGLE-3 (:class:`~draftsmith.drafts.eagle3.infer.Eagle3Proposer`, chain): keeps its own cache of target slots, drafts a chain of
   K tokens on top of it, and after verification drops the chain slots and refills the newly
   accepted positions with the target's real aux states (vLLM's EAGLE proposer).
-- P-EAGLE (:class:`PEagleProposer`, parallel): one draft forward per round over the target slots
+- P-EAGLE (:class:`~draftsmith.drafts.peagle.infer.PEagleProposer`, parallel): one draft forward per round over the target slots
   plus K-1 mask slots drafts K tokens (vLLM's ``parallel_drafting``); the target slots stay cached,
   the mask slots are recomputed every round. 1 <= K <= num_depths; eval's default K is num_depths.
-- DFlash family (:class:`BlockProposer`, block): the committed context's K/V stay cached; one draft
+- DFlash family (:class:`~draftsmith.drafts.dflash.infer.BlockProposer`, block): the committed context's K/V stay cached; one draft
   forward over [newest token, MASK x K] drafts K tokens (vLLM's ``dflash``); default K = block_size - 1.
 
 Greedy output is token-identical to plain greedy decoding of the target; plain decoding runs side
@@ -19,8 +19,8 @@ softmax at that temperature (vLLM's ``draft_sample_method="probabilistic"``; the
 independently) and verified by rejection sampling.
 
 Drafts load through the family registry (drafts/__init__.py: the family is read from config.json);
-a family is evaluable once it has a ``Proposer`` in :data:`PROPOSERS` (see
-:mod:`draftsmith.eval.speculative`; verification is shared).
+every family brings its ``Proposer`` (drafts/<family>/infer.py, the proposer protocol of
+drafts/proposer.py), and :mod:`draftsmith.eval.speculative` verifies for all of them.
 The trainer's ``train.spec_eval_every`` hook (:func:`trainer_spec_eval`) uses the same proposers.
 """
 
@@ -30,14 +30,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from draftsmith.drafts import DraftError, family_of_config, get_family, layer_count_fixup
-from draftsmith.drafts.eagle3 import Eagle3Draft
-from draftsmith.drafts.eagle3_infer import DraftKVCache, extend, next_hidden
-from draftsmith.drafts.peagle import PEagleDraft
+from draftsmith.drafts import FAMILIES, DraftError, family_of_config, get_family, layer_count_fixup
+from draftsmith.drafts.family import lookup
 from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt, describe_prompts, load_prompts, render_prompt
 from draftsmith.eval.report import acceptance_stats, build_report
@@ -45,11 +44,6 @@ from draftsmith.eval.speculative import DecodeState, Proposal, generate_plain, g
 from draftsmith.targets.contract import engine_default_aux_layer_ids
 from draftsmith.weights import read_tensors
 
-EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
-BLOCK_FAMILIES = ("dflash", "jetspec", "domino")  # borrow the target's lm_head
-EAGLE_FAMILIES = ("eagle3", "peagle")  # read eagle_config.eagle_aux_hidden_state_layer_ids
-FAMILY_NAMES = {"peagle": "P-EAGLE (parallel)", "dflash": "DFlash (block)", "jetspec": "JetSpec (block)",
-                "domino": "Domino (block)"}
 
 
 class HFTarget:
@@ -105,199 +99,31 @@ class HFTarget:
             self.cache.crop(-extra)  # a negative count removes that many positions from the end
 
 
-def choose(logits: torch.Tensor, target_ids: torch.Tensor, vocab_size: int, state: DecodeState):
-    """(R, Vd) draft logits -> (R,) target ids, q (R, V) over the target vocab or None when greedy.
+class _Proposers(Mapping):
+    """Family name -> its offline proposer class, read from the drafts registry (each family's api
+    ``Proposer``), so a registered family is evaluable with no edit here."""
 
-    Greedy: argmax. Sampling: each row from softmax(logits / T) on its own, q zero outside the draft
-    vocab; vLLM's ``draft_sample_method="probabilistic"`` does the same (llm_base_proposer.py
-    ``compute_probs_and_sample_next_token``: temperature only, no top-k/top-p, probs over the target
-    vocab because ``compute_logits`` puts -inf outside the draft vocab). vLLM's default
-    ``draft_sample_method="greedy"`` instead drafts the argmax and treats q as one-hot.
-    """
-    if state.temperature <= 0:
-        return target_ids[logits.argmax(-1)].cpu(), None
-    q_draft = torch.softmax(logits.float() / state.temperature, -1)  # (R, Vd)
-    j = torch.multinomial(q_draft, 1, generator=state.generator)[:, 0]  # (R,)
-    q = torch.zeros(logits.shape[0], vocab_size, dtype=torch.float32, device=q_draft.device)
-    q[:, target_ids] = q_draft
-    return target_ids[j].cpu(), q
+    def __getitem__(self, name: str) -> Any:
+        return get_family(name).Proposer
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
 
 
-class Eagle3Proposer:
-    """Chain proposer for an EAGLE-3 draft (see :mod:`draftsmith.drafts.eagle3_infer`)."""
-
-    kind = "chain"
-
-    def __init__(self, draft: Eagle3Draft):
-        self.draft = draft
-        vd = draft.cfg.draft_vocab_size
-        self.target_ids = draft.draft_to_target(torch.arange(vd, device=draft.lm_head.weight.device))  # (Vd,)
-        self.reset()
-
-    def reset(self) -> None:
-        self.cache = DraftKVCache()
-        self.filled = 0  # target slots in the cache: slot t = (aux_t, token_{t+1})
-
-    @property
-    def default_k(self) -> int:
-        """K when ``draftsmith eval`` gets no -k: 3, vLLM's usual num_speculative_tokens for EAGLE-3."""
-        return 3
-
-    @property
-    def trained_k(self) -> int:
-        """K of the trainer's real-tau hook: the TTT steps the chain was trained for."""
-        return self.draft.cfg.ttt_steps
-
-    max_k = None  # a chain can be unrolled to any K
-
-    @torch.no_grad()
-    def propose(self, state: DecodeState) -> Proposal:
-        d = self.draft
-        self.cache.crop(self.filled)  # drop last round's chain slots
-        n = state.aux.shape[0]
-        dev = d.lm_head.weight.device
-        # Target slots filled..n-1 read (aux_t, token_{t+1}); tokens[n] is the newest committed token.
-        aux = state.aux[self.filled : n].to(dev)[None]  # (1, T, n_aux, Ht)
-        ids = torch.tensor([state.tokens[self.filled + 1 : n + 1]], device=dev)  # (1, T)
-        pos = torch.arange(self.filled, n, device=dev)[None]
-        step = extend(d, self.cache, d.combine(aux), ids, pos)
-        self.filled = n
-        tokens, qs = [], []
-        for j in range(state.k):
-            picked, q = choose(step.logits[0, -1:], self.target_ids, d.cfg.vocab_size, state)  # (1,), (1, V)
-            tok = int(picked[0])
-            tokens.append(tok)
-            qs.append(None if q is None else q[0])
-            if j + 1 < state.k:  # chain step j+1 at position n-1+j+1 reads the state that drafted tok
-                h = next_hidden(d, step)[:, -1:]
-                step = extend(d, self.cache, h, torch.tensor([[tok]], device=dev), torch.tensor([[n + j]], device=dev))
-        q = torch.stack(qs) if state.temperature > 0 else None
-        return Proposal(torch.tensor(tokens), q)
-
-    def commit(self, state: DecodeState, num_accepted: int) -> None:
-        self.cache.crop(self.filled)  # chain slots were computed from drafted states: refill lazily
-
-
-class PEagleProposer:
-    """Parallel proposer for a P-EAGLE draft: one draft forward per round drafts the first K depths,
-    as vLLM 0.32's parallel-drafting eagle3 proposer does (drafts/peagle.py ``PEagleDraft.propose``).
-
-    Target slot t = (aux_t, token_{t+1}) for every processed position, the last one carrying the
-    newest committed token, then K-1 (mask_hidden, mask_token_id) slots; rows n-1..n+K-2 give d_1..d_K.
-    A mask slot at depth d sees only earlier slots, so K < num_depths drafts exactly the first K
-    depths. The depth-0 slots are committed context and stay in per-layer KV caches across rounds
-    (``cache=True``; vLLM keeps them the same way); only the new ones and the K-1 mask slots run each
-    round. ``cache=False`` recomputes the whole prefix every round (the reference).
-    Sampling: the K depths' distributions are independent (no depth sees another's token).
-    """
-
-    kind = "parallel"
-
-    def __init__(self, draft: PEagleDraft, cache: bool = True):
-        self.draft, self.use_cache = draft, cache
-        self.target_ids = draft.draft_to_target(torch.arange(draft.cfg.draft_vocab_size,
-                                                             device=draft.lm_head.weight.device))  # (Vd,)
-        self.reset()
-
-    @property
-    def max_k(self) -> int:
-        """The depths it was trained for; deeper mask slots were never supervised."""
-        return self.draft.cfg.num_depths
-
-    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = num_depths
-
-    def reset(self) -> None:
-        self.caches = self.draft.new_cache()
-        self.filled = 0  # depth-0 slots in the caches
-
-    @torch.no_grad()
-    def propose(self, state: DecodeState) -> Proposal:
-        d, k = self.draft, state.k
-        if not 1 <= k <= self.max_k:
-            raise ValueError(f"k={k}: this P-EAGLE draft drafts num_depths={self.max_k} tokens per forward; "
-                             f"use 1 <= k <= {self.max_k}")
-        n = state.aux.shape[0]  # processed positions; tokens[n] is the newest committed token
-        dev = d.lm_head.weight.device
-        start = self.filled if self.use_cache else 0
-        aux = state.aux[start:n].to(dev)[None]  # (1, T, n_aux, Ht)
-        ids = torch.tensor([state.tokens[start + 1 : n + 1]], device=dev)  # (1, T): token_{t+1}
-        if self.use_cache:
-            out = d.propose_cached(self.caches, aux, ids, k)
-            self.filled = n
-        else:
-            out = d.propose(aux, ids, k)
-        tokens, q = choose(out.logits[0], self.target_ids, d.cfg.vocab_size, state)  # (K,), (K, V) | None
-        return Proposal(tokens, q)
-
-    def commit(self, state: DecodeState, num_accepted: int) -> None:
-        pass  # only committed depth-0 slots are cached; the mask slots were dropped in propose
-
-
-class BlockProposer:
-    """Block proposer for the DFlash family (DFlash, JetSpec, Domino), as vLLM 0.32's ``dflash``
-    method runs a draft (``qwen3_dflash.py``, ``v1/spec_decode/dflash.py``):
-
-    - context: the target's states at every committed position t < n go through fc + hidden_norm and
-      each layer's k/v projections ONCE (``precompute_and_store_context_kv``) and stay cached; they are
-      appended as positions are committed and never recomputed (committed positions never change);
-    - block: [newest committed token, MASK x K] at positions n..n+K, one draft forward in which the
-      block sees the whole cached context and itself (bidirectional, or causal for JetSpec); rows
-      1..K give d_1..d_K through the target's lm_head (Domino: rows 0..K-1 plus its GRU walk).
-    1 <= K <= the tokens one block drafts (block_size - 1; Domino with shift_label: block_size).
-    """
-
-    kind = "block"
-
-    def __init__(self, draft: Any):
-        self.draft = draft
-        self.target_ids = torch.arange(draft.cfg.vocab_size)  # the full target vocab
-        self.reset()
-
-    @property
-    def max_k(self) -> int:
-        return self.draft.max_k
-
-    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = block_size - 1
-
-    def reset(self) -> None:
-        self.kvs = None  # per layer (k, v), each (1, h_kv, filled, d)
-        self.filled = 0
-
-    @torch.no_grad()
-    def propose(self, state: DecodeState) -> Proposal:
-        d, k = self.draft, state.k
-        if not 1 <= k <= self.max_k:
-            raise ValueError(f"k={k}: this block draft drafts {self.max_k} tokens per forward; use 1 <= k <= {self.max_k}")
-        if state.temperature > 0 and hasattr(d, "set_progress"):
-            raise EvalError("Domino drafts are evaluated greedily (its GRU walks its own argmax); pass --temperature 0")
-        n = state.aux.shape[0]  # committed positions with target states; tokens[n] is the anchor
-        dev = d.fc.weight.device
-        if n > self.filled:
-            pos = torch.arange(self.filled, n, device=dev)[None]
-            new = d.context_kv(d.context(state.aux[self.filled : n].to(dev)[None]), pos)
-            self.kvs = new if self.kvs is None else [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
-                                                     for (k0, v0), (k1, v1) in zip(self.kvs, new)]
-            self.filled = n
-        logits = d.propose(self.kvs, int(state.tokens[n]), n, k)  # (K, V)
-        tokens, q = choose(logits, self.target_ids.to(logits.device), d.cfg.vocab_size, state)
-        return Proposal(tokens, q)
-
-    def commit(self, state: DecodeState, num_accepted: int) -> None:
-        pass  # only committed context is cached; the block is recomputed every round
-
-
-# Offline proposer per draft family (the family's inference loop; verification is shared). Each has
-# ``kind``, ``max_k`` (None = any), ``default_k`` (eval without -k) and ``trained_k`` (the trainer hook's K).
-PROPOSERS: dict[str, Callable[[Any], Any]] = {"eagle3": Eagle3Proposer, "peagle": PEagleProposer,
-                                              "dflash": BlockProposer, "jetspec": BlockProposer,
-                                              "domino": BlockProposer}
+# Offline proposer per draft family (the family's inference loop, drafts/<family>/infer.py; verification is
+# shared). Each has ``kind``, ``max_k`` (None = any), ``default_k`` (eval without -k), ``trained_k`` (the
+# trainer hook's K) and ``k_knob`` (what bounds K).
+PROPOSERS: Mapping[str, Any] = _Proposers()
 
 
 def proposer_for(draft: Any) -> Any:
     """The offline proposer of a draft model, by its family's exact model class."""
-    for name, make in PROPOSERS.items():
-        if type(draft) is get_family(name).Model:
-            return make(draft)
+    for family in FAMILIES.values():
+        if type(draft) is family.Model:
+            return family.Proposer(draft)
     raise EvalError(f"{type(draft).__name__}: no offline proposer; evaluable families: {', '.join(PROPOSERS)}")
 
 
@@ -306,10 +132,8 @@ def check_k(proposer: Any, k: Optional[int], family: str) -> int:
     if k is None:
         return proposer.default_k
     if proposer.max_k is not None and not 1 <= k <= proposer.max_k:
-        cfg = proposer.draft.cfg
-        knob = f"block_size={cfg.block_size}" if family in BLOCK_FAMILIES else f"num_depths={proposer.max_k}"
-        raise EvalError(f"-k {k}: this {FAMILY_NAMES.get(family, family)} draft drafts {proposer.max_k} tokens per "
-                        f"forward ({knob}); pass -k between 1 and {proposer.max_k} or omit -k")
+        raise EvalError(f"-k {k}: this {get_family(family).display} draft drafts {proposer.max_k} tokens per "
+                        f"forward ({proposer.k_knob}); pass -k between 1 and {proposer.max_k} or omit -k")
     return k
 
 
@@ -345,12 +169,13 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
     d = resolve_draft_dir(path)
     config = json.loads((d / "config.json").read_text())
     family = family_of_config(config)
+    fam = get_family(family)
     arch = (config.get("architectures") or ["?"])[0]
-    if family not in PROPOSERS or (family == "eagle3" and arch not in EAGLE3_ARCHS):
-        kind = FAMILY_NAMES.get(family, f"architecture {arch}")
-        raise EvalError(f"{d / 'config.json'}: {kind} drafts are not evaluable offline; EAGLE-3 chain drafts "
-                        f"({', '.join(EAGLE3_ARCHS)}), P-EAGLE and the DFlash family are; benchmark it on a "
-                        "server with bench-server")
+    if fam.eval_archs and arch not in fam.eval_archs:
+        evaluable = "; ".join(f"{f.display}" + (f" ({', '.join(f.eval_archs)})" if f.eval_archs else "")
+                              for f in FAMILIES.values())
+        raise EvalError(f"{d / 'config.json'}: architecture {arch} drafts are not evaluable offline; these are: "
+                        f"{evaluable}; benchmark it on a server with bench-server")
     state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
     notes = [] if notes is None else notes
     fix = layer_count_fixup(config, state)
@@ -358,18 +183,17 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
         config = {**config, "num_hidden_layers": fix[1]}
         notes.append(f"{d / 'config.json'}: num_hidden_layers {fix[0]} read as {fix[1]}, the layers its weights "
                      "hold (as draftsmith serve does)")
-    eagle = config.get("eagle_config") or {}
-    if family in EAGLE_FAMILIES and not eagle.get("eagle_aux_hidden_state_layer_ids") and default_layer_ids:
-        config = {**config, "eagle_config": {**eagle, "eagle_aux_hidden_state_layer_ids": list(default_layer_ids)}}
-        notes.append(f"{d / 'config.json'}: no eagle_aux_hidden_state_layer_ids; reading {list(default_layer_ids)}, "
+    section, name = fam.layer_ids_key.split(".")
+    if fam.layout == "eagle" and not lookup(config, fam.layer_ids_key) and default_layer_ids:
+        config = {**config, section: {**(config.get(section) or {}), name: list(default_layer_ids)}}
+        notes.append(f"{d / 'config.json'}: no {name}; reading {list(default_layer_ids)}, "
                      "the target's engine default (2, L//2, L-3), as vLLM and SGLang do")
     try:
-        module = get_family(family)
-        layer_ids = module.layer_ids_from_export(config)
-        if family in BLOCK_FAMILIES:
-            model = module.load_exported(config, state, target_embeddings, target_lm_head)
+        layer_ids = fam.layer_ids_from_export(config)
+        if fam.borrows_lm_head:
+            model = fam.load_exported(config, state, target_embeddings, target_lm_head)
         else:
-            model = module.load_exported(config, state, target_embeddings)
+            model = fam.load_exported(config, state, target_embeddings)
     except (DraftError, ValueError) as e:
         raise EvalError(f"{d}: {e}") from None
     return family, model, layer_ids, d
@@ -467,7 +291,7 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
         model, info = engine.model, engine.info()
         notes: list[str] = []
         family, model_draft, aux_ids, _ = load_draft(
-            draft_dir, engine.embeddings(), engine.lm_head_weight() if family_of_dir(draft_dir) in BLOCK_FAMILIES else None,
+            draft_dir, engine.embeddings(), engine.lm_head_weight() if get_family(family_of_dir(draft_dir)).borrows_lm_head else None,
             default_layer_ids=engine_default_aux_layer_ids(info.num_layers), notes=notes)
         if progress:
             for note in notes:
@@ -477,7 +301,7 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "
                             f"but target {target} has vocab {info.vocab_size} / hidden {info.hidden_size}; "
                             "pass the target the draft was trained for")
-        proposer = PROPOSERS[family](model_draft)
+        proposer = get_family(family).Proposer(model_draft)
         k = check_k(proposer, k, family)
         log = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else None
         records = evaluate(HFTarget(model, aux_ids), proposer, engine.tokenizer, items, k=k,

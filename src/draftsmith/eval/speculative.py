@@ -27,47 +27,13 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
+# the proposer protocol lives with the drafts that implement it (drafts never import eval/)
+from draftsmith.drafts.proposer import DecodeState, Proposal, Proposer
+
 __all__ = [
     "DecodeState", "Generation", "Proposal", "Proposer", "TargetRunner",
     "generate_plain", "generate_speculative", "pick_token", "verify_greedy", "verify_sampling",
 ]
-
-
-@dataclass
-class Proposal:
-    """K drafted tokens: ``tokens`` (K,) int64 target ids; ``q`` (K, V) draft probabilities over the
-    target vocab (zero outside the draft vocab), required when sampling, None for greedy."""
-
-    tokens: torch.Tensor
-    q: Optional[torch.Tensor] = None
-
-
-@dataclass
-class DecodeState:
-    """What a proposer may read. ``aux[t]`` (n_aux, H) is the target's aux states at position t for
-    every position the target has processed, i.e. ``len(aux) == len(tokens) - 1``."""
-
-    tokens: list[int]
-    aux: torch.Tensor  # (len(tokens) - 1, n_aux, H)
-    prompt_len: int
-    k: int
-    temperature: float = 0.0
-    generator: Optional[torch.Generator] = None
-
-
-class Proposer(Protocol):
-    """A draft behind the verification loop. ``kind``: "chain" | "parallel" | "block"."""
-
-    kind: str
-
-    def reset(self) -> None:
-        """Forget everything (a new prompt starts)."""
-
-    def propose(self, state: DecodeState) -> Proposal:
-        """Draft ``state.k`` tokens continuing ``state.tokens``."""
-
-    def commit(self, state: DecodeState, num_accepted: int) -> None:
-        """The target accepted ``num_accepted`` of the last proposal; ``state`` already holds the result."""
 
 
 class TargetRunner(Protocol):

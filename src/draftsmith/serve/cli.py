@@ -37,12 +37,12 @@ def _extra(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_serve_vllm(args: argparse.Namespace) -> int:
-    from .resolve import ServeError, reject_domino, resolve_draft
+    from .resolve import ServeError, reject_unservable, resolve_draft
     from .vllm import VLLM_INSTALL_HINT, launch, plan_vllm, require_module
 
     try:
         draft = resolve_draft(args.draft)  # reads only
-        reject_domino(draft.config, args.draft)  # no engine serves it: say so before asking to install one
+        reject_unservable(draft.config, args.draft)  # no engine serves it: say so before asking to install one
         if not args.print_only:
             require_module("vllm", VLLM_INSTALL_HINT)  # before writing anything
         plan = plan_vllm(_target(args.target, args.print_only), draft, method=args.method,

@@ -26,11 +26,11 @@ from typing import Optional
 
 from draftsmith.weights import read_tensors
 
-from .resolve import Draft, ServeError, family_weight_problems, is_dflash_family, servable_config, weight_shapes
+from draftsmith.drafts import Family, get_family
+from draftsmith.drafts.family import lookup
 
-EAGLE_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
-                  "draft_vocab_size", "target_hidden_size")
-DFLASH_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "num_hidden_layers")
+from .resolve import Draft, ServeError, family_weight_problems, servable_config, weight_shapes
+
 MAX_K = 16  # beyond this the verify cost outgrows any realistic acceptance
 
 
@@ -104,13 +104,16 @@ def check_engine(draft: Draft, engine: str) -> list[str]:
     return []
 
 
+def _fam(family: str) -> Family:
+    return get_family(family)
+
+
 def check_keys(cfg: dict, family: str) -> list[str]:
     out = []
-    required = DFLASH_REQUIRED if is_dflash_family(family) else EAGLE_REQUIRED
-    for key in required:
+    for key in _fam(family).required_keys:
         if cfg.get(key) is None:
             out.append(f"config.json: '{key}' is missing; re-export the draft (draftsmith writes it) or add it by hand")
-    if is_dflash_family(family):
+    if _fam(family).layout == "block":
         dflash = cfg.get("dflash_config") or {}
         for key in ("mask_token_id", "target_layer_ids"):
             if dflash.get(key) is None:
@@ -129,7 +132,7 @@ def check_default_aux(draft: Draft, shapes: dict, tgt: Optional[TargetFacts]) ->
     from draftsmith.targets.contract import engine_default_aux_layer_ids
 
     cfg = draft.config
-    if is_dflash_family(draft.family) or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
+    if draft.described.layout != "eagle" or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
             or cfg.get("eagle_aux_hidden_state_layer_ids"):
         return [], []
     key = "config.json: eagle_config.eagle_aux_hidden_state_layer_ids is absent"
@@ -160,7 +163,7 @@ def check_default_aux(draft: Draft, shapes: dict, tgt: Optional[TargetFacts]) ->
 
 
 def check_weights(cfg: dict, family: str, shapes: dict) -> list[str]:
-    if is_dflash_family(family):
+    if _fam(family).layout != "eagle":  # block drafts: no fc/lm_head of their own to check against config.json
         return []
     out = []
     h, ht = cfg.get("hidden_size"), cfg.get("target_hidden_size") or cfg.get("hidden_size")
@@ -184,7 +187,7 @@ def check_vocab_map(draft: Draft, cfg: dict, shapes: dict, tgt: Optional[TargetF
     if tgt is not None and vocab is not None and int(vocab) != tgt.vocab_size:
         out.append(f"config.json: vocab_size {vocab} != target vocab {tgt.vocab_size} ({tgt.source}); the draft was "
                    "trained for another tokenizer: retrain for this target")
-    if vd is None or vocab is None or int(vd) >= int(vocab) or is_dflash_family(draft.family):
+    if vd is None or vocab is None or int(vd) >= int(vocab) or draft.described.borrows_lm_head:
         return out
     if _shape(shapes, "d2t") is None:
         return out + [f"weights: draft_vocab_size {vd} < vocab_size {vocab} but there is no 'd2t'; engines would "
@@ -222,12 +225,10 @@ def check_vocab_map(draft: Draft, cfg: dict, shapes: dict, tgt: Optional[TargetF
 def check_layers(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str]:
     if tgt is None:
         return []
-    L = tgt.num_layers
-    if is_dflash_family(family):
-        ids, lo, hi, key = (cfg.get("dflash_config") or {}).get("target_layer_ids") or [], 0, L - 1, "dflash_config.target_layer_ids"
-    else:
-        ids, lo, hi, key = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [], 0, L, \
-            "eagle_config.eagle_aux_hidden_state_layer_ids"
+    L, fam = tgt.num_layers, _fam(family)
+    # on disk: engine ids 0..L shifted by the family's offset (DFlash files index layer outputs: 0..L-1)
+    key, lo, hi = fam.layer_ids_key, 0, L + fam.layer_id_offset
+    ids = lookup(cfg, key) or []
     out = []
     bad = [i for i in ids if not lo <= int(i) <= hi]
     if bad:
@@ -239,7 +240,7 @@ def check_layers(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str
 
 
 def check_mask(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str]:
-    if family not in ("peagle", "dflash", "jetspec", "domino"):
+    if not _fam(family).needs_mask_token:
         return []
     from .vllm import mask_token
 
@@ -267,7 +268,7 @@ def check_sizes(cfg: dict, family: str, shapes: dict, tgt: Optional[TargetFacts]
     if th is not None and int(th) != tgt.hidden_size:
         out.append(f"config.json: target_hidden_size {th} != target hidden_size {tgt.hidden_size}; the draft belongs "
                    "to another target")
-    shares_embed = is_dflash_family(family) or _shape(shapes, "embed_tokens.weight") is None
+    shares_embed = _fam(family).borrows_lm_head or _shape(shapes, "embed_tokens.weight") is None
     if shares_embed and cfg.get("hidden_size") not in (None, tgt.hidden_size):
         out.append(f"config.json: hidden_size {cfg['hidden_size']} != target {tgt.hidden_size}, but the draft has no "
                    "embed_tokens and would share the target's; save embed_tokens or match the hidden size")
@@ -284,14 +285,17 @@ def check_sizes(cfg: dict, family: str, shapes: dict, tgt: Optional[TargetFacts]
 
 
 def check_k(cfg: dict, family: str) -> list[str]:
-    if family == "peagle":
-        k = cfg.get("num_depths")
-        if k is None or not 1 <= int(k) <= MAX_K:
-            return [f"config.json: num_depths {k} must be in 1..{MAX_K} (it is K for parallel drafting)"]
-    if family in ("dflash", "jetspec", "domino"):
-        b = cfg.get("block_size") or (cfg.get("dflash_config") or {}).get("block_size")
-        if b is not None and not 2 <= int(b) <= MAX_K + 1:
-            return [f"config.json: block_size {b} must be in 2..{MAX_K + 1} (K = block_size - 1)"]
+    """K from config.json within 1..MAX_K, as the family's ``serve_k`` reads it (P-EAGLE num_depths,
+    required; DFlash block_size, K = block_size - 1, when set)."""
+    rule = _fam(family).serve_k
+    if rule is None:
+        return []
+    value = next((lookup(cfg, k) for k in rule.keys if lookup(cfg, k) is not None), None)
+    if value is None and not rule.required:
+        return []
+    if value is None or not 1 <= int(value) + rule.offset <= MAX_K:
+        name = rule.keys[0].split(".")[-1]
+        return [f"config.json: {name} {value} must be in {1 - rule.offset}..{MAX_K - rule.offset} ({rule.why})"]
     return []
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from draftsmith.drafts import DFLASH_ARCHS, family_of_config  # noqa: F401 (DFLASH_ARCHS: re-exported)
+from draftsmith.drafts import Family, family_of_config, get_family
 from draftsmith.drafts import held_layers as layers_in
 from draftsmith.drafts import layer_count_fixup as config_layer_fixup
 from draftsmith.weights import DamagedFile, read_tensors, safetensors_layout
@@ -60,8 +60,14 @@ class Draft:
 
     @property
     def family(self) -> str:
-        """``eagle3`` | ``peagle`` | ``dflash`` | ``jetspec`` | ``domino`` (``eagle3`` for a hub id)."""
+        """The registered family its config.json describes (drafts.family_of_config; a hub id's empty
+        config is the registry's fallback family)."""
         return draft_family(self.config)
+
+    @property
+    def described(self) -> Family:
+        """The family's description (what serve, export and doctor ask)."""
+        return get_family(self.family)
 
     @property
     def config_path(self) -> Path:
@@ -79,23 +85,28 @@ class Draft:
 
 
 def draft_family(config: dict) -> str:
-    """``eagle3`` | ``peagle`` | ``dflash`` | ``jetspec`` | ``domino`` (the registry's classification)."""
+    """The registered family a config.json describes (the registry's classification)."""
     return family_of_config(config)
 
 
-def is_dflash_family(family: str) -> bool:
-    return family in ("dflash", "jetspec", "domino")
+def family_of(config: dict) -> Family:
+    """The description of the family a config.json describes."""
+    return get_family(family_of_config(config))
 
 
-def reject_domino(config: dict, source: Optional[str] = None) -> None:
-    """No engine serves a Domino draft (vLLM 0.32 and SGLang have no model for its GRU correction head):
-    a :class:`ServeError` (exit 2) that says what does work, ``draftsmith eval`` on it and DFlash/JetSpec
-    on vLLM. ``source``: the path the user gave, quoted in the eval command."""
-    if draft_family(config) == "domino":
-        raise ServeError(f"draft is a Domino draft (dflash_config.projector_type: domino): its GRU correction head has "
-                         f"no implementation in vLLM or SGLang, so no engine can serve it; measure it with `draftsmith "
-                         f"eval --draft {source or 'DRAFT'}` (exact offline decoding), or train draft.type: dflash or "
-                         "jetspec (the same block draft without the GRU head) to serve it with `draftsmith serve vllm`")
+def is_block_layout(config: dict) -> bool:
+    """True for a block-layout draft (the DFlash family: ``Qwen3DFlashDraftModel``, ``dflash_config``)."""
+    return family_of(config).layout == "block"
+
+
+def reject_unservable(config: dict, source: Optional[str] = None) -> None:
+    """A family no engine serves (its ``serve_refusal``; Domino: vLLM 0.32 and SGLang have no model for
+    its GRU correction head): a :class:`ServeError` (exit 2) that says what does work. ``source``:
+    the path the user gave, quoted in the eval command."""
+    refusal = family_of(config).serve_refusal
+    if refusal:
+        raise ServeError(refusal.format(source=source or "DRAFT"))
+
 
 
 def _weight_layout(d: Path) -> Optional[tuple[str, list[Path], Optional[dict]]]:
@@ -207,9 +218,7 @@ def layer_count_fixup(draft: Draft) -> Optional[tuple[int, int]]:
 
 def aux_ids_key(config: dict) -> str:
     """Where config.json lists the target layers the draft reads (the key vLLM reads for its family)."""
-    if is_dflash_family(draft_family(config)):
-        return "dflash_config.target_layer_ids"
-    return "eagle_config.eagle_aux_hidden_state_layer_ids"
+    return family_of(config).layer_ids_key
 
 
 def aux_order_fixup(config: dict) -> Optional[tuple[str, list[int], list[int]]]:
@@ -302,20 +311,12 @@ def family_weight_problems(draft: Draft) -> list[str]:
     the count of ``layers.{i}`` must match the family and ``num_hidden_layers``. A config that only
     declares more layers than the weights hold is a fixup (:func:`layer_count_fixup`), not a problem.
     """
-    family = draft.family
-    if draft.is_hub or family not in ("eagle3", "peagle"):
+    fam = draft.described
+    if draft.is_hub or fam.layout != "eagle":
         return []
     names = {n.removeprefix("model.") for n in weight_names(draft)}
-    where = f"config.json describes {'a P-EAGLE' if family == 'peagle' else 'an EAGLE-3'} draft"
-    out = []
-    if family == "eagle3" and "mask_hidden" in names:
-        out.append(f"{where} (no parallel_drafting) but its weights hold P-EAGLE's 'mask_hidden'; restore "
-                   "parallel_drafting: true, mask_token_id and num_depths in config.json, or pass the EAGLE-3 "
-                   "checkpoint you meant")
-    if family == "peagle" and "mask_hidden" not in names:
-        out.append(f"{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are "
-                   "not a P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from "
-                   "config.json, or pass the P-EAGLE checkpoint you meant")
+    where = f"config.json describes {fam.article} {fam.short} draft"
+    out = [rule.problem.format(where=where) for rule in fam.weight_rules if (rule.name in names) != rule.present]
     layers = held_layers(draft)
     want = draft.config.get("num_hidden_layers")
     if layers and want is not None and layers != set(range(int(want))) and layer_count_fixup(draft) is None:
@@ -333,5 +334,6 @@ def check_family_weights(draft: Draft) -> None:
 
 
 __all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "held_layers",
-           "layer_count_fixup", "servable_config", "servable_weights", "aux_order_fixup", "reorder_aux_blocks", "EngineMissing", "resolve_draft", "draft_family", "is_dflash_family",
-           "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS", "DFLASH_ARCHS"]
+           "layer_count_fixup", "servable_config", "servable_weights", "aux_order_fixup", "reorder_aux_blocks",
+           "EngineMissing", "resolve_draft", "draft_family", "family_of", "is_block_layout", "reject_unservable",
+           "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS"]

@@ -32,8 +32,7 @@ from typing import Optional, Sequence
 from draftsmith.weights import read_tensors
 
 from .export import Prepared, prepare_cached
-from .resolve import (Draft, ServeError, check_family_weights, draft_family, is_dflash_family, reject_domino,
-                      servable_config)
+from .resolve import (Draft, ServeError, check_family_weights, family_of, reject_unservable, servable_config)
 
 SGLANG_EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 TOKEN_MAP = "speculative_token_map.pt"
@@ -53,14 +52,11 @@ def sglang_key(name: str) -> Optional[str]:
 
 
 def reject_for_sglang(config: dict, source: Optional[str] = None) -> None:
-    reject_domino(config, source)  # served by no engine: pointing it to vLLM would be wrong
-    family = draft_family(config)
-    if family == "peagle":
-        raise ServeError("P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
-                         "`draftsmith serve vllm` (vLLM's parallel drafting)")
-    if is_dflash_family(family):
-        raise ServeError(f"{family} drafts are not supported by this SGLang path (EAGLE3 only); serve them with "
-                         "`draftsmith serve vllm` (method dflash)")
+    """A family SGLang does not serve (``Family.sglang_refusal``): one-line ServeError pointing to vLLM."""
+    reject_unservable(config, source)  # served by no engine: pointing it to vLLM would be wrong
+    refusal = family_of(config).sglang_refusal
+    if refusal:
+        raise ServeError(refusal)
 
 
 def sglang_config(config: dict) -> dict:

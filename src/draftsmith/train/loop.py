@@ -152,8 +152,8 @@ def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
     cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
     """
     rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
-    # DFlash-family drafts read decoder-layer outputs (on disk: engine id - 1), so engine id 0 is refused
-    first = 1 if rule == "dflash" else 0
+    # a family that reads decoder-layer outputs (DFlash: on disk engine id - 1) refuses engine id 0
+    first = get_family(cfg.draft.type).first_layer_id
     return ascending_layer_ids(validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count),
                                                   num_layers, first=first))[0]
 

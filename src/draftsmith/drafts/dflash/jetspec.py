@@ -18,11 +18,11 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from . import dflash
-from .dflash import DFlashConfig, DFlashDraft, DFlashOutput, block_metrics
-from .layers import LossParts
+from ..layers import LossParts
+from . import api as dflash  # the DFlash contract this family reuses
+from .config import DFlashConfig
+from .model import DFlashDraft, DFlashOutput, block_metrics
 
-SUPERVISION = "dflash_kd"  # dflash supervision plus the target's full-vocab logits (targets/contract.py)
 PROGRESS = dflash.PROGRESS
 
 
@@ -49,6 +49,8 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
 class JetSpecDraft(DFlashDraft):
     """DFlash modules, causal blocks, KD loss against the target's logits (``dflash_kd`` supervision)."""
 
+    draft_type = "jetspec"
+
     def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
                    sup: Any) -> DFlashOutput:
         b, n, bs, _ = h.shape
@@ -67,6 +69,7 @@ Model = JetSpecDraft
 layer_rule = dflash.layer_rule
 layer_ids_from_export = dflash.layer_ids_from_export
 attach_target = dflash.attach_target
+Proposer = dflash.Proposer
 checkpoint_meta = dflash.checkpoint_meta
 summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
 

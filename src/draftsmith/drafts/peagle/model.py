@@ -12,7 +12,9 @@ Visibility (one attention over all elements of a row):
     visible(q, kv) = (depth_kv == 0 and anchor_q >= anchor_kv) or (anchor_q == anchor_kv and depth_q >= depth_kv)
 i.e. every query sees the real context up to its anchor plus its own anchor's mask slots up to itself.
 
-Inference (`propose`, `propose_cached`, as vLLM 0.32 runs a parallel draft) lives in peagle_infer.py.
+Inference (`propose`, `propose_cached`, as vLLM 0.32 runs a parallel draft) lives in infer.py, with the
+parallel proposer. The EAGLE-3 parts are composed, not inherited: the same modules (eagle3.model's
+`Eagle3Model`, `Eagle3Attention`) under the same on-disk names, and EAGLE-3's head functions.
 """
 
 from __future__ import annotations
@@ -23,61 +25,18 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from . import eagle3
-from .eagle3 import Eagle3Attention, Eagle3Config, Eagle3Draft, refuse_other_family, simulated_tau
-from .eagle3_infer import DraftKVCache
-from .peagle_infer import PEagleInference, PEagleProposal
-from .layers import LossParts, RMSNorm, RowGenerators, SwiGLU, row_generator
+from ..eagle3 import model as eagle3
+from ..eagle3.infer import DraftKVCache
+from ..eagle3.model import Eagle3Attention, add_eagle_modules, simulated_tau
+from ..layers import LossParts, RMSNorm, RowGenerators, SwiGLU, row_generator
+from .config import PEagleConfig
+from .infer import PEagleInference, PEagleProposal
 
-__all__ = ["PEagleConfig", "PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
+__all__ = ["PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
            "pad_elements", "visibility", "attention_mask"]
 
-# The family contract (drafts/__init__.py): P-EAGLE learns from the same shifted `eagle3` supervision
-# (reading its loss_mask, not position_mask) on vLLM's default EAGLE-3 aux layers.
-SUPERVISION = "eagle3"
 PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}
 FREEZE_EMBEDDINGS = False  # speculators trains them (the mask token's row must move)
-
-
-@dataclass
-class PEagleConfig(Eagle3Config):
-    """EAGLE-3 fields plus the parallel-drafting knobs (`ttt_steps`/`step_weight` are unused here)."""
-
-    mask_token_id: int | None = None  # required: a reserved/unused target id, its embedding is the mask token
-    num_depths: int = 8  # K tokens per forward; must equal vLLM's num_speculative_tokens
-    num_draft_layers: int = 4  # the speculators reference uses 4; layer 0 is the fused 2H layer
-    down_sample_ratio: float = 0.7  # COD keeps max(r^d, r_min) of the candidates at depth d
-    down_sample_ratio_min: float = 0.2
-
-    def __post_init__(self):
-        super().__post_init__()
-        m = self.mask_token_id
-        if m is None or isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
-            raise ValueError(f"mask_token_id={m!r} must be an int in 0..{self.vocab_size - 1} (the target vocab); "
-                             "set it to a reserved or unused token id, e.g. 128002 for Llama-3")
-        for key in ("num_depths", "num_draft_layers"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{key}={v!r} must be an int >= 1; set {key} to 1 or more")
-        if not 0.0 < self.down_sample_ratio <= 1.0:
-            raise ValueError(f"down_sample_ratio={self.down_sample_ratio!r} must be in (0, 1]; the default is 0.7")
-        if not 0.0 <= self.down_sample_ratio_min <= 1.0:
-            raise ValueError(f"down_sample_ratio_min={self.down_sample_ratio_min!r} must be in [0, 1]; "
-                             "the default is 0.2")
-
-    @classmethod
-    def from_export(cls, config: dict) -> "PEagleConfig":
-        """Rebuild from an exported config.json dict (inverse of `PEagleDraft.export_config`)."""
-        refuse_other_family(config, "a P-EAGLE")
-        if config.get("parallel_drafting") is not True:
-            raise ValueError(f"config.json has parallel_drafting={config.get('parallel_drafting')!r}, expected true "
-                             "for a P-EAGLE draft; load an EAGLE-3 config with Eagle3Config.from_export")
-        mask = config.get("mask_token_id", config.get("pard_token"))
-        return cls(**Eagle3Config.export_fields(config), mask_token_id=mask,
-                   num_depths=config.get("num_depths", cls.num_depths),
-                   num_draft_layers=config.get("num_hidden_layers", cls.num_draft_layers),
-                   down_sample_ratio=config.get("down_sample_ratio", cls.down_sample_ratio),
-                   down_sample_ratio_min=config.get("down_sample_ratio_min", cls.down_sample_ratio_min))
 
 
 def cod_sample(valid: torch.Tensor, num_depths: int, ratio: float, ratio_min: float,
@@ -213,20 +172,24 @@ class PEagleOutput:
         return simulated_tau(self.depth_prefix, self.depth_count)
 
 
-class PEagleDraft(PEagleInference, Eagle3Draft):
-    """P-EAGLE draft: the EAGLE-3 modules plus layers 1..L-1 and `mask_hidden`.
-
-    Inherits the vocab map, `load_target_embeddings`, `init_from_target`, `combine`, `compute_logits`.
-    """
+class PEagleDraft(PEagleInference, nn.Module):
+    """P-EAGLE draft: the EAGLE-3 modules (built by eagle3.model.add_eagle_modules, so the vocab map,
+    embeddings, fc and head are EAGLE-3's under the same names) plus layers 1..L-1 and `mask_hidden`."""
 
     def __init__(self, cfg: PEagleConfig):
-        super().__init__(cfg)
+        super().__init__()
+        add_eagle_modules(self, cfg)
         self.model.layers.extend(PEagleDecoderLayer(cfg) for _ in range(cfg.num_draft_layers - 1))
         # N(0, 1) like the reference, not 0.02: it passes fc_norm/fc like a real aux state.
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, cfg.num_aux * cfg.target_hidden_size))
 
-    def iter_steps(self, *args, **kwargs):
-        raise NotImplementedError("PEagleDraft has no training-time-test unroll; use forward() or propose()")
+    # EAGLE-3's head (eagle3/model.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
+    set_vocab_map = eagle3.set_vocab_map
+    draft_to_target = eagle3.draft_to_target
+    load_target_embeddings = eagle3.load_target_embeddings
+    init_from_target = eagle3.init_from_target
+    combine = eagle3.combine
+    compute_logits = eagle3.compute_logits
 
     def run_layers(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, caches: list[DraftKVCache] | None = None) -> torch.Tensor:
@@ -317,37 +280,11 @@ class PEagleDraft(PEagleInference, Eagle3Draft):
                     position_mask=sup.position_mask)
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
-        cfg = self.cfg
-        out = super().export_config(aux_layer_ids, torch_dtype)
-        out.update(
-            num_hidden_layers=cfg.num_draft_layers,
-            parallel_drafting=True,
-            mask_token_id=cfg.mask_token_id,
-            num_depths=cfg.num_depths,
-            down_sample_ratio=cfg.down_sample_ratio,
-            down_sample_ratio_min=cfg.down_sample_ratio_min,
-            draftsmith={"draft_type": "peagle"},
-        )
-        return out
+        """config.json: EAGLE-3's plus the parallel-drafting keys (PEagleConfig.to_export)."""
+        return self.cfg.to_export(aux_layer_ids, torch_dtype)
 
 
-# ---------------------------------------------------------------------------------- family contract
-Model = PEagleDraft
-config_from_export = PEagleConfig.from_export
-layer_rule = eagle3.layer_rule
-layer_ids_from_export = eagle3.layer_ids_from_export
-
-
-def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
-                       layer_ids: Optional[list[int]] = None) -> PEagleConfig:
-    """EAGLE-3's shape for this target plus the run's parallel-drafting knobs (``draft``: DraftConfig)."""
-    base = eagle3.config_from_target(info, draft, draft_vocab_size=draft_vocab_size, num_layer_ids=num_layer_ids)
-    return PEagleConfig(**vars(base), mask_token_id=draft.mask_token_id, num_depths=draft.num_depths,
-                        num_draft_layers=draft.num_draft_layers, down_sample_ratio=draft.down_sample_ratio,
-                        down_sample_ratio_min=draft.down_sample_ratio_min)
-
-
+# ---------------------------------------------------------------------------------- training contract
 def attach_target(model: PEagleDraft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
     """As EAGLE-3 (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
@@ -368,20 +305,3 @@ scalars = eagle3.scalars
 
 def describe(summary: dict) -> str:
     return eagle3.describe(summary, "depth")
-
-
-def load_exported(config: dict, state: dict[str, torch.Tensor],
-                  target_embeddings: Optional[torch.Tensor] = None) -> PEagleDraft:
-    """An fp32 eval P-EAGLE draft from an export (``state``: on-disk names, ``mask_hidden`` top level)."""
-    from .eagle3_infer import load_exported as load
-
-    cfg = PEagleConfig.from_export(config)
-    width = cfg.num_aux * cfg.target_hidden_size
-    mask = state.get("mask_hidden")
-    if mask is None or mask.numel() != width:
-        got = "is missing" if mask is None else f"has shape {tuple(mask.shape)}"
-        raise ValueError(f"mask_hidden {got}; a P-EAGLE draft needs its learned mask_hidden of {width} values "
-                         f"(num_aux {cfg.num_aux} x target_hidden_size {cfg.target_hidden_size}); re-export it")
-    # vLLM reshapes mask_hidden to (1, n*Ht) whatever its saved shape; ours is (1, 1, n*Ht)
-    state = {**state, "mask_hidden": mask.reshape(1, 1, width)}
-    return load(config, state, target_embeddings, draft=PEagleDraft(cfg))

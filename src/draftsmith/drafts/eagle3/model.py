@@ -14,137 +14,26 @@ Inference step (what vLLM computes, and what each training-time-test step reprod
     h_next  = norm(h_pre) if norm_output else h_pre            fed to the next draft step
 """
 
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
 
-from .layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
-                     repeat_kv)
+from ..layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
+                      repeat_kv)
+from .config import Eagle3Config
 
+__all__ = ["Eagle3Draft", "Eagle3Output", "Eagle3Step", "Eagle3Model", "simulated_tau", "shift_left",
+           "add_eagle_modules", "attach_target", "summarize", "scalars", "describe", "PROGRESS"]
 
-def refuse_other_family(config: dict, expected: str) -> None:
-    """A DFlash-family config.json given to an EAGLE loader: one-line DraftError naming the family
-    (its weights would otherwise fail later as missing embed_tokens / lm_head, naming nothing)."""
-    from . import DraftError, family_of_config
-
-    family = family_of_config(config)
-    if family in ("dflash", "jetspec", "domino"):
-        arch = (config.get("architectures") or ["?"])[0]
-        raise DraftError(f"config.json describes a {family} block draft ({arch}, dflash_config), not {expected} "
-                         f"draft; load it with draftsmith.drafts.get_family({family!r}).load_exported")
-
-
-__all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulated_tau", "shift_left"]
-
-# The family contract (drafts/__init__.py): EAGLE-3 learns from the shifted, draft-vocab `eagle3`
-# supervision kind, on vLLM's default aux layers.
-SUPERVISION = "eagle3"
 PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}  # progress-bar label -> scalars() key
 FREEZE_EMBEDDINGS = True  # draft.freeze_embeddings when the run config leaves it null
-
-
-@dataclass
-class Eagle3Config:
-    """Shape and training knobs of an EAGLE-3 draft; `fc_norm`/`norm_output` are the EAGLE-3.1 flags,
-    `norm_before_residual`/`norm_before_fc` the two further norms speculators trains with (both read by
-    vLLM 0.32's llama_eagle3.py: the layer-0 residual is hidden_norm(h); one RMSNorm `input_norm` over
-    the concatenated aux states before fc_norm/fc). All four balance the raw target states that
-    `init_from_target` passes straight into every step's residual."""
-
-    hidden_size: int
-    target_hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int  # target vocab = embedding rows
-    draft_vocab_size: int
-    num_aux: int = 3
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    fc_norm: bool = False
-    norm_output: bool = False
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    ttt_steps: int = 7
-    step_weight: float = 0.8
-
-    def __post_init__(self):
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}; pick a divisor for GQA"
-            )
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}"
-            )
-        if self.num_aux < 1 or self.ttt_steps < 1:
-            raise ValueError(f"num_aux={self.num_aux} and ttt_steps={self.ttt_steps} must both be >= 1")
-
-    @property
-    def pruned(self) -> bool:
-        """True when the draft vocab is a strict subset of the target vocab (d2t/t2d exist)."""
-        return self.draft_vocab_size < self.vocab_size
-
-    @classmethod
-    def from_export(cls, config: dict) -> "Eagle3Config":
-        """Rebuild the config from an exported config.json dict (inverse of `Eagle3Draft.export_config`).
-
-        Also reads plain third-party EAGLE-3 configs: missing fields take vLLM's defaults. A P-EAGLE
-        config (`parallel_drafting: true`) is refused: its extra layers and mask_hidden would be lost.
-        """
-        refuse_other_family(config, "an EAGLE-3")
-        if config.get("parallel_drafting"):
-            raise ValueError("config.json has parallel_drafting=true (a P-EAGLE draft), expected an EAGLE-3 "
-                             "config; load it with draftsmith.drafts.peagle.PEagleConfig.from_export")
-        return cls(**cls.export_fields(config))
-
-    @staticmethod
-    def export_fields(config: dict) -> dict:
-        """The EAGLE-3 constructor fields an exported config.json dict holds (shared with P-EAGLE)."""
-        eagle = config.get("eagle_config") or {}
-        layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-        num_aux = config.get("num_aux_hidden_states") or (len(layer_ids) if layer_ids else 3)
-        rope_theta, rope_scaling = config.get("rope_theta"), config.get("rope_scaling")
-        params = config.get("rope_parameters") or {}  # transformers 5 style
-        if rope_theta is None:
-            rope_theta = params.get("rope_theta", 10000.0)
-        if rope_scaling is None and params.get("rope_type", "default") != "default":
-            rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        extra = config.get("draftsmith") or {}
-        hidden, heads = config["hidden_size"], config["num_attention_heads"]
-        return dict(
-            hidden_size=hidden,
-            target_hidden_size=config.get("target_hidden_size") or hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            intermediate_size=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
-            num_aux=num_aux,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)),
-            # where vLLM 0.32 reads them: norm_before_residual top level, norm_before_fc in
-            # eagle_config first, then top level
-            norm_before_residual=bool(config.get("norm_before_residual", False)),
-            norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
-            ttt_steps=extra.get("ttt_steps", Eagle3Config.ttt_steps),
-            step_weight=extra.get("step_weight", Eagle3Config.step_weight),
-        )
 
 
 def simulated_tau(prefix_correct: torch.Tensor, step_count: torch.Tensor) -> float:
@@ -267,106 +156,132 @@ class Eagle3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+# ---------------------------------------------------------------------------------- the EAGLE head
+# Shared by EAGLE-3 and P-EAGLE (P-EAGLE's layer 0, fc, norm, lm_head and vocab map are these, under the
+# same on-disk names): functions over any draft built by add_eagle_modules, each installed as a method
+# of both draft classes. ``self`` is that draft.
+
+
+def add_eagle_modules(self: nn.Module, cfg: Eagle3Config) -> None:
+    """Build the EAGLE-3 modules on ``self`` in checkpoint order: ``model`` (embed_tokens, fc, norms,
+    layer 0, norm), ``lm_head`` over the draft vocab, the rotary table, and d2t/t2d when pruned."""
+    self.cfg = cfg
+    self.model = Eagle3Model(cfg)
+    self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+    self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    if cfg.pruned:
+        # Default map until set_vocab_map: draft id i -> target id i.
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[: cfg.draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+
+
+def set_vocab_map(self: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+    """Install the draft-vocab map: d2t (Vd,) int64 offsets (target = draft + d2t[draft]), t2d (V,) bool."""
+    vd, v = self.cfg.draft_vocab_size, self.cfg.vocab_size
+    if tuple(d2t.shape) != (vd,) or tuple(t2d.shape) != (v,):
+        raise ValueError(
+            f"vocab map shapes d2t={tuple(d2t.shape)}, t2d={tuple(t2d.shape)} do not match the draft; "
+            f"expected d2t ({vd},) and t2d ({v},) (rebuild the map for this draft_vocab_size/vocab_size)"
+        )
+    if not self.cfg.pruned:
+        if d2t.any():
+            raise ValueError("d2t must be all zeros for an unpruned draft (draft_vocab_size == vocab_size)")
+        return
+    targets = torch.arange(vd, device=d2t.device) + d2t.long()
+    if targets.min() < 0 or targets.max() >= v:
+        raise ValueError(f"d2t maps draft ids to target ids {int(targets.min())}..{int(targets.max())}, "
+                         f"outside 0..{v - 1}; d2t must hold target_id - draft_id offsets")
+    if int(t2d.sum()) != vd or not bool(t2d.to(d2t.device)[targets].all()):
+        raise ValueError(f"t2d marks {int(t2d.sum())} ids but must mark exactly the {vd} targets of d2t")
+    self.d2t.copy_(d2t.long())
+    self.t2d.copy_(t2d.bool())
+
+
+def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+    """Draft-vocab ids (any shape) -> target-vocab ids: `ids + d2t[ids]` (identity when unpruned)."""
+    return ids + self.d2t[ids] if self.cfg.pruned else ids
+
+
+@torch.no_grad()
+def load_target_embeddings(self, embed: torch.Tensor, freeze: bool = True) -> None:
+    """Copy the target's input embedding (V, H); frozen (requires_grad False) by default."""
+    w = self.model.embed_tokens.weight
+    if embed.shape != w.shape:
+        raise ValueError(f"target embeddings {tuple(embed.shape)} do not match embed_tokens {tuple(w.shape)}; "
+                         "the draft hidden_size and vocab_size must equal the target's")
+    w.copy_(embed)
+    w.requires_grad_(not freeze)
+
+
+@torch.no_grad()
+def init_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
+                     final_norm_weight: torch.Tensor | None = None) -> None:
+    """Start the draft in the target's output space.
+
+    - lm_head = target lm_head rows (V, H)[draft_ids (Vd,)] (call `set_vocab_map` first when pruned);
+    - norm = the target's final norm (H,), so norm + lm_head is exactly the target's head;
+    - fc passes the deepest aux state through (identity on the last Ht block) when H == Ht, so
+      step 0 starts from the target's own late residual stream instead of a random projection.
+    """
+    vd, h = self.lm_head.weight.shape
+    if lm_head_weight.shape != (self.cfg.vocab_size, h):
+        raise ValueError(f"target lm_head {tuple(lm_head_weight.shape)} must be ({self.cfg.vocab_size}, {h})")
+    ids = draft_ids.long().to(lm_head_weight.device)
+    expected = self.draft_to_target(torch.arange(vd, device=self.lm_head.weight.device)).to(ids.device)
+    if ids.shape != (vd,) or not torch.equal(ids, expected):
+        raise ValueError(f"draft_ids (shape {tuple(ids.shape)}) disagree with the draft's d2t map; "
+                         "call set_vocab_map(d2t, t2d) built from the same draft vocab first")
+    with torch.no_grad():
+        self.lm_head.weight.copy_(lm_head_weight[ids])
+        if final_norm_weight is not None:
+            self.model.norm.weight.copy_(final_norm_weight)
+        if self.cfg.hidden_size == self.cfg.target_hidden_size:
+            ht = self.cfg.target_hidden_size
+            fc = self.model.fc.weight  # (H, n*Ht)
+            fc.zero_()
+            fc[:, -ht:].copy_(torch.eye(ht, dtype=fc.dtype))
+
+
+def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+    """aux_hidden (B, T, n, Ht) (or already concatenated (B, T, n*Ht)) -> (B, T, H) via fc_norm_i, fc."""
+    if aux_hidden.dim() == 3:
+        aux_hidden = aux_hidden.unflatten(-1, (self.cfg.num_aux, self.cfg.target_hidden_size))
+    if aux_hidden.shape[-2:] != (self.cfg.num_aux, self.cfg.target_hidden_size):
+        raise ValueError(f"aux_hidden {tuple(aux_hidden.shape)} must end in (num_aux={self.cfg.num_aux}, "
+                         f"target_hidden_size={self.cfg.target_hidden_size})")
+    aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
+    if self.cfg.norm_before_fc:  # first, as vLLM: (B, T, n, Ht) -> RMSNorm over n*Ht -> (B, T, n, Ht)
+        aux_hidden = self.model.input_norm(aux_hidden.flatten(-2)).unflatten(-1, aux_hidden.shape[-2:])
+    if self.cfg.fc_norm:  # EAGLE-3.1: each target layer's state normalised separately
+        aux_hidden = torch.stack([n(aux_hidden[..., i, :]) for i, n in enumerate(self.model.fc_norm)], -2)
+    return self.model.fc(aux_hidden.flatten(-2))  # (B, T, n*Ht) -> (B, T, H)
+
+
+def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
+    """norm(h_pre) (B, T, H) -> (B, T, Vd) logits, returned in fp32.
+
+    Under bf16 autocast the matmul itself runs in bf16 (the lm_head dominates the draft's cost
+    on CPU); the upcast keeps log-softmax, soft CE and argmax in fp32.
+    """
+    return self.lm_head(normed).float()
+
+
 class Eagle3Draft(nn.Module):
     """EAGLE-3 / 3.1 draft with the training-time-test (TTT) unroll, loss and acceptance metrics."""
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
-        self.cfg = cfg
-        self.model = Eagle3Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
-        if cfg.pruned:
-            # Default map until set_vocab_map: draft id i -> target id i.
-            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-            t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-            t2d[: cfg.draft_vocab_size] = True
-            self.register_buffer("t2d", t2d)
+        add_eagle_modules(self, cfg)
 
-    def set_vocab_map(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """Install the draft-vocab map: d2t (Vd,) int64 offsets (target = draft + d2t[draft]), t2d (V,) bool."""
-        vd, v = self.cfg.draft_vocab_size, self.cfg.vocab_size
-        if tuple(d2t.shape) != (vd,) or tuple(t2d.shape) != (v,):
-            raise ValueError(
-                f"vocab map shapes d2t={tuple(d2t.shape)}, t2d={tuple(t2d.shape)} do not match the draft; "
-                f"expected d2t ({vd},) and t2d ({v},) (rebuild the map for this draft_vocab_size/vocab_size)"
-            )
-        if not self.cfg.pruned:
-            if d2t.any():
-                raise ValueError("d2t must be all zeros for an unpruned draft (draft_vocab_size == vocab_size)")
-            return
-        targets = torch.arange(vd, device=d2t.device) + d2t.long()
-        if targets.min() < 0 or targets.max() >= v:
-            raise ValueError(f"d2t maps draft ids to target ids {int(targets.min())}..{int(targets.max())}, "
-                             f"outside 0..{v - 1}; d2t must hold target_id - draft_id offsets")
-        if int(t2d.sum()) != vd or not bool(t2d.to(d2t.device)[targets].all()):
-            raise ValueError(f"t2d marks {int(t2d.sum())} ids but must mark exactly the {vd} targets of d2t")
-        self.d2t.copy_(d2t.long())
-        self.t2d.copy_(t2d.bool())
-
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab ids (any shape) -> target-vocab ids: `ids + d2t[ids]` (identity when unpruned)."""
-        return ids + self.d2t[ids] if self.cfg.pruned else ids
-
-    @torch.no_grad()
-    def load_target_embeddings(self, embed: torch.Tensor, freeze: bool = True) -> None:
-        """Copy the target's input embedding (V, H); frozen (requires_grad False) by default."""
-        w = self.model.embed_tokens.weight
-        if embed.shape != w.shape:
-            raise ValueError(f"target embeddings {tuple(embed.shape)} do not match embed_tokens {tuple(w.shape)}; "
-                             "the draft hidden_size and vocab_size must equal the target's")
-        w.copy_(embed)
-        w.requires_grad_(not freeze)
-
-    @torch.no_grad()
-    def init_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,
-                         final_norm_weight: torch.Tensor | None = None) -> None:
-        """Start the draft in the target's output space.
-
-        - lm_head = target lm_head rows (V, H)[draft_ids (Vd,)] (call `set_vocab_map` first when pruned);
-        - norm = the target's final norm (H,), so norm + lm_head is exactly the target's head;
-        - fc passes the deepest aux state through (identity on the last Ht block) when H == Ht, so
-          step 0 starts from the target's own late residual stream instead of a random projection.
-        """
-        vd, h = self.lm_head.weight.shape
-        if lm_head_weight.shape != (self.cfg.vocab_size, h):
-            raise ValueError(f"target lm_head {tuple(lm_head_weight.shape)} must be ({self.cfg.vocab_size}, {h})")
-        ids = draft_ids.long().to(lm_head_weight.device)
-        expected = self.draft_to_target(torch.arange(vd, device=self.lm_head.weight.device)).to(ids.device)
-        if ids.shape != (vd,) or not torch.equal(ids, expected):
-            raise ValueError(f"draft_ids (shape {tuple(ids.shape)}) disagree with the draft's d2t map; "
-                             "call set_vocab_map(d2t, t2d) built from the same draft vocab first")
-        with torch.no_grad():
-            self.lm_head.weight.copy_(lm_head_weight[ids])
-            if final_norm_weight is not None:
-                self.model.norm.weight.copy_(final_norm_weight)
-            if self.cfg.hidden_size == self.cfg.target_hidden_size:
-                ht = self.cfg.target_hidden_size
-                fc = self.model.fc.weight  # (H, n*Ht)
-                fc.zero_()
-                fc[:, -ht:].copy_(torch.eye(ht, dtype=fc.dtype))
-
-    def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
-        """aux_hidden (B, T, n, Ht) (or already concatenated (B, T, n*Ht)) -> (B, T, H) via fc_norm_i, fc."""
-        if aux_hidden.dim() == 3:
-            aux_hidden = aux_hidden.unflatten(-1, (self.cfg.num_aux, self.cfg.target_hidden_size))
-        if aux_hidden.shape[-2:] != (self.cfg.num_aux, self.cfg.target_hidden_size):
-            raise ValueError(f"aux_hidden {tuple(aux_hidden.shape)} must end in (num_aux={self.cfg.num_aux}, "
-                             f"target_hidden_size={self.cfg.target_hidden_size})")
-        aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
-        if self.cfg.norm_before_fc:  # first, as vLLM: (B, T, n, Ht) -> RMSNorm over n*Ht -> (B, T, n, Ht)
-            aux_hidden = self.model.input_norm(aux_hidden.flatten(-2)).unflatten(-1, aux_hidden.shape[-2:])
-        if self.cfg.fc_norm:  # EAGLE-3.1: each target layer's state normalised separately
-            aux_hidden = torch.stack([n(aux_hidden[..., i, :]) for i, n in enumerate(self.model.fc_norm)], -2)
-        return self.model.fc(aux_hidden.flatten(-2))  # (B, T, n*Ht) -> (B, T, H)
-
-    def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """norm(h_pre) (B, T, H) -> (B, T, Vd) logits, returned in fp32.
-
-        Under bf16 autocast the matmul itself runs in bf16 (the lm_head dominates the draft's cost
-        on CPU); the upcast keeps log-softmax, soft CE and argmax in fp32.
-        """
-        return self.lm_head(normed).float()
+    # the EAGLE head (above), shared with P-EAGLE
+    set_vocab_map = set_vocab_map
+    draft_to_target = draft_to_target
+    load_target_embeddings = load_target_embeddings
+    init_from_target = init_from_target
+    combine = combine
+    compute_logits = compute_logits
 
     def iter_steps(
         self,
@@ -467,72 +382,12 @@ class Eagle3Draft(nn.Module):
         """:meth:`forward` on an ``eagle3`` supervision object (read by field name); EAGLE-3 draws
         nothing at random, so ``generators`` (one per row) is unused."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask)
-
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (weights = `state_dict()`)."""
-        cfg = self.cfg
-        if len(aux_layer_ids) != cfg.num_aux:
-            raise ValueError(f"aux_layer_ids {list(aux_layer_ids)} has {len(aux_layer_ids)} ids but the draft's "
-                             f"fc expects num_aux={cfg.num_aux}")
-        out = {
-            "architectures": ["LlamaEagle3DraftModel"],
-            "model_type": "llama",
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim,
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": cfg.rms_norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "vocab_size": cfg.vocab_size,
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "tie_word_embeddings": False,
-            "eagle_config": {
-                "eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_layer_ids],
-                "use_aux_hidden_state": True,
-            },
-            "fc_norm": cfg.fc_norm,
-            "norm_output": cfg.norm_output,
-            "torch_dtype": torch_dtype,
-            "draftsmith": {"draft_type": "eagle3", "ttt_steps": cfg.ttt_steps, "step_weight": cfg.step_weight},
-        }
-        # written only when on, where vLLM 0.32 reads them (a draft without them exports as before)
-        if cfg.norm_before_residual:
-            out["norm_before_residual"] = True
-        if cfg.norm_before_fc:
-            out["eagle_config"]["norm_before_fc"] = True
-        return out
+        return self.cfg.to_export(aux_layer_ids, torch_dtype)
 
 
-# ---------------------------------------------------------------------------------- family contract
-Model = Eagle3Draft
-config_from_export = Eagle3Config.from_export
-
-
-def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
-    """vLLM's default EAGLE-3 aux layers (3 ids)."""
-    return "eagle3", None
-
-
-def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
-                       layer_ids: Optional[list[int]] = None) -> Eagle3Config:
-    """A draft shaped like one target decoder layer (``info``: TargetInfo), over ``draft_vocab_size``."""
-    return Eagle3Config(
-        hidden_size=info.hidden_size, target_hidden_size=info.hidden_size,
-        num_attention_heads=info.num_attention_heads, num_key_value_heads=info.num_key_value_heads,
-        head_dim=info.head_dim, intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-        draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
-        max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
-        norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc, ttt_steps=draft.ttt_steps, step_weight=draft.step_weight,
-    )
-
-
+# ---------------------------------------------------------------------------------- training contract
 def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any,
                   freeze_default: bool = FREEZE_EMBEDDINGS) -> None:
@@ -583,16 +438,3 @@ def describe(summary: dict, what: str = "step") -> str:
     cond = " ".join(f"{a:.3f}" for a in summary.get("conditional_acceptance", ()))
     return (f"per-{what} accuracy [{accs}]  conditional [{cond}]  "
             f"{'simulated parallel tau' if what == 'depth' else 'simulated tau'} {summary['simulated_tau']:.3f}")
-
-
-def layer_ids_from_export(config: dict) -> list[int]:
-    from .eagle3_infer import layer_ids_from_export as read  # lives with the inference code, which imports us
-
-    return read(config)
-
-
-def load_exported(config: dict, state: dict[str, torch.Tensor],
-                  target_embeddings: Optional[torch.Tensor] = None) -> Eagle3Draft:
-    from .eagle3_infer import load_exported as load
-
-    return load(config, state, target_embeddings)

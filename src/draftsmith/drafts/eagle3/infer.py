@@ -13,7 +13,8 @@ This is exactly what training-time test simulates (TTT step k at slot t sees ste
 positions <= t plus its own chain's diagonal keys, rotated at t + k), so the chain step j from slot
 t reproduces TTT step j at slot t when fed the same tokens (tests/drafts/test_eagle3_infer.py).
 Rolling back after verification = :meth:`DraftKVCache.crop` to the target slots, then extending
-with the real aux states of the newly accepted positions.
+with the real aux states of the newly accepted positions: :class:`Eagle3Proposer`, the chain
+proposer the exact evaluator (eval/offline.py) and the trainer's real-tau hook drive.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Optional
 
 import torch
 
-from .eagle3 import Eagle3Config, Eagle3Draft, Eagle3Step, refuse_other_family
-from .layers import repeat_kv
+from ..layers import repeat_kv
+from ..proposer import DecodeState, Proposal, choose
+from .model import Eagle3Draft, Eagle3Step
 
-__all__ = ["DraftKVCache", "extend", "next_hidden", "layer_ids_from_export", "load_exported"]
+__all__ = ["DraftKVCache", "extend", "next_hidden", "Eagle3Proposer"]
 
 
 @dataclass
@@ -98,42 +100,59 @@ def next_hidden(draft: Eagle3Draft, step: Eagle3Step) -> torch.Tensor:
     return step.normed if step.normed is not None else draft.model.norm(step.hidden)
 
 
-# ---------------------------------------------------------------------------------- loading an export
-def layer_ids_from_export(config: dict) -> list[int]:
-    refuse_other_family(config, "an EAGLE-3")
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if not ids:
-        raise ValueError("eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
-                         "add the target layer ids the draft was trained on")
-    return [int(i) for i in ids]
+class Eagle3Proposer:
+    """Chain proposer for an EAGLE-3 draft, as vLLM 0.32's EAGLE proposer runs it: keeps its own cache
+    of target slots, drafts a chain of K tokens on top of it, and after verification drops the chain
+    slots and refills the newly accepted positions with the target's real aux states."""
 
+    kind = "chain"
 
-def _state_key(name: str) -> str:
-    """On-disk name (draftsmith `model.`-prefixed or vLLM-stripped) -> Eagle3Draft state_dict name."""
-    if name in ("lm_head.weight", "d2t", "t2d", "mask_hidden") or name.startswith("model."):
-        return name
-    if name.startswith("midlayer."):
-        return "model.layers.0." + name[len("midlayer."):]
-    return "model." + name
+    def __init__(self, draft: Eagle3Draft):
+        self.draft = draft
+        vd = draft.cfg.draft_vocab_size
+        self.target_ids = draft.draft_to_target(torch.arange(vd, device=draft.lm_head.weight.device))  # (Vd,)
+        self.reset()
 
+    def reset(self) -> None:
+        self.cache = DraftKVCache()
+        self.filled = 0  # target slots in the cache: slot t = (aux_t, token_{t+1})
 
-def load_exported(config: dict, state: dict[str, torch.Tensor], target_embeddings: Optional[torch.Tensor] = None,
-                  draft: Optional[Eagle3Draft] = None) -> Eagle3Draft:
-    """An fp32 eval draft from an export. ``target_embeddings`` (V, H) fills ``embed_tokens`` for
-    drafts saved without it (they share the target's, as vLLM does); ``t2d`` is rebuilt from
-    ``d2t`` when an export dropped it. ``draft``: a fresh model to fill (P-EAGLE passes its own)."""
-    draft = Eagle3Draft(Eagle3Config.from_export(config)) if draft is None else draft
-    state = {_state_key(k): v for k, v in state.items()}
-    if draft.cfg.pruned and "d2t" in state and "t2d" not in state:
-        t2d = torch.zeros(draft.cfg.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(draft.cfg.draft_vocab_size) + state["d2t"].long()] = True
-        state["t2d"] = t2d
-    if "model.embed_tokens.weight" not in state:
-        if target_embeddings is None:
-            raise ValueError("the draft has no embed_tokens; pass the target's embeddings to share them")
-        state["model.embed_tokens.weight"] = target_embeddings.detach().float().cpu()
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit the config (missing {missing[:4]}, unexpected {unexpected[:4]}); "
-                         "re-export the draft")
-    return draft.float().eval().requires_grad_(False)
+    @property
+    def default_k(self) -> int:
+        """K when ``draftsmith eval`` gets no -k: 3, vLLM's usual num_speculative_tokens for EAGLE-3."""
+        return 3
+
+    @property
+    def trained_k(self) -> int:
+        """K of the trainer's real-tau hook: the TTT steps the chain was trained for."""
+        return self.draft.cfg.ttt_steps
+
+    max_k = None  # a chain can be unrolled to any K
+    k_knob = None
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        d = self.draft
+        self.cache.crop(self.filled)  # drop last round's chain slots
+        n = state.aux.shape[0]
+        dev = d.lm_head.weight.device
+        # Target slots filled..n-1 read (aux_t, token_{t+1}); tokens[n] is the newest committed token.
+        aux = state.aux[self.filled : n].to(dev)[None]  # (1, T, n_aux, Ht)
+        ids = torch.tensor([state.tokens[self.filled + 1 : n + 1]], device=dev)  # (1, T)
+        pos = torch.arange(self.filled, n, device=dev)[None]
+        step = extend(d, self.cache, d.combine(aux), ids, pos)
+        self.filled = n
+        tokens, qs = [], []
+        for j in range(state.k):
+            picked, q = choose(step.logits[0, -1:], self.target_ids, d.cfg.vocab_size, state)  # (1,), (1, V)
+            tok = int(picked[0])
+            tokens.append(tok)
+            qs.append(None if q is None else q[0])
+            if j + 1 < state.k:  # chain step j+1 at position n-1+j+1 reads the state that drafted tok
+                h = next_hidden(d, step)[:, -1:]
+                step = extend(d, self.cache, h, torch.tensor([[tok]], device=dev), torch.tensor([[n + j]], device=dev))
+        q = torch.stack(qs) if state.temperature > 0 else None
+        return Proposal(torch.tensor(tokens), q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        self.cache.crop(self.filled)  # chain slots were computed from drafted states: refill lazily

@@ -17,91 +17,32 @@ of its own block, all of them (bidirectional) or j' <= i (``causal``: JetSpec); 
 Block position k predicts the token at a_b + k, so position 0 (the anchor) is never supervised.
 
 Loss: sum_{b, k>=1} w_k CE_k m / (sum w_k m + 1e-6), w_k = exp(-(k-1)/gamma) (uniform when gamma is
-None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (drafts/jetspec.py) swaps the CE for
-a KD loss and Domino (drafts/domino.py) adds a GRU correction head; both reuse everything here.
+None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (dflash/jetspec.py) swaps the CE for
+a KD loss and Domino (dflash/domino.py) adds a GRU correction head; both reuse everything here.
 Inference (``propose``) keeps the projected context K/V per layer across rounds, as vLLM's
-``precompute_and_store_context_kv`` writes them into the draft KV cache.
+``precompute_and_store_context_kv`` writes them into the draft KV cache (infer.py: the block proposer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
+from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
+from .config import DFlashConfig
 
-__all__ = ["DFlashConfig", "DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
+__all__ = ["DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
            "visibility", "decay_weights", "block_metrics"]
 
-SUPERVISION = "dflash"  # unshifted aux states, ids and loss mask (targets/contract.py)
 PROGRESS = {"acc": "acc1", "tau": "accept_len"}
-ARCH = "Qwen3DFlashDraftModel"
 
 
 class NoValidAnchors(ValueError):
     """No row of a batch has an assistant token with a whole block after it (a micro-batch to skip)."""
-
-
-@dataclass
-class DFlashConfig:
-    """Shape and training knobs of a DFlash draft. ``target_layer_ids`` are in DFlash's on-disk
-    convention: id j = output of target decoder layer j (our engine id j + 1)."""
-
-    hidden_size: int  # = the target's: the draft reads its embeddings and lm_head
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    num_target_layers: int
-    target_layer_ids: list[int]
-    mask_token_id: Optional[int]
-    num_hidden_layers: int = 1
-    block_size: int = 16
-    causal: bool = False  # JetSpec: causal attention inside the block
-    num_anchors: int = 64  # blocks sampled per row while training
-    loss_decay_gamma: Optional[float] = 7.0  # w_k = exp(-(k-1)/gamma); None = uniform
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: Optional[dict] = None
-    max_position_embeddings: int = 2048
-    extra: dict = field(default_factory=dict)  # family knobs (JetSpec temperature, Domino head); exported as is
-
-    def __post_init__(self):
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not is_int(self.block_size) or self.block_size < 2:
-            raise ValueError(f"block_size={self.block_size!r} must be an int >= 2 (the anchor plus at least one "
-                             "drafted token); DFlash uses 16, 10 or 8")
-        m, v = self.mask_token_id, self.vocab_size
-        if not is_int(m) or not 0 <= m < v:
-            raise ValueError(f"mask_token_id={m!r} must be an int in 0..{v - 1} (the target vocab); set it to a "
-                             "reserved or unused token id, e.g. 16 for SmolLM2")
-        ids, L = list(self.target_layer_ids), self.num_target_layers
-        if not ids or any(not is_int(i) or not 0 <= i < L for i in ids) or len(set(ids)) != len(ids):
-            raise ValueError(f"target_layer_ids={ids!r} must be distinct decoder-layer outputs in 0..{L - 1} "
-                             f"(engine ids 1..{L}: target.aux_layer_ids); fix target.aux_layer_ids")
-        for key in ("num_hidden_layers", "num_anchors"):
-            if not is_int(getattr(self, key)) or getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)!r} must be an int >= 1")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        if self.loss_decay_gamma is not None and not self.loss_decay_gamma > 0:
-            raise ValueError(f"loss_decay_gamma={self.loss_decay_gamma!r} must be > 0, or null for uniform weights")
-
-    @property
-    def target_hidden_size(self) -> int:
-        return self.hidden_size
-
-    @property
-    def num_aux(self) -> int:
-        return len(self.target_layer_ids)
 
 
 # ---------------------------------------------------------------------------------- blocks and mask
@@ -263,6 +204,7 @@ class DFlashDraft(nn.Module):
     """DFlash draft (``Qwen3DFlashDraftModel``); JetSpec and Domino subclass it."""
 
     label_offset = 0  # block slot k predicts token anchor + k + label_offset (Domino's shift_label: 1)
+    draft_type = "dflash"  # the family its export names (JetSpec, Domino: their own)
 
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
@@ -391,31 +333,8 @@ class DFlashDraft(nn.Module):
         return self.logits(h).float()
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json as DRAFT_FAMILIES 2.2/3 and vLLM's DFlash loader read it (``aux_layer_ids``
-        are engine ids; the on-disk ``target_layer_ids`` are those minus one)."""
-        cfg = self.cfg
-        dflash = {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
-                  "target_layer_ids": [i - 1 for i in aux_layer_ids]}
-        if cfg.causal:
-            dflash["causal"] = True
-        dflash.update({k: v for k, v in cfg.extra.items() if k in EXPORTED_EXTRA})
-        return {
-            "architectures": [ARCH], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-            "num_hidden_layers": cfg.num_hidden_layers, "num_target_layers": cfg.num_target_layers,
-            "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-            "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_position_embeddings,
-            "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
-            "layer_types": ["full_attention"] * cfg.num_hidden_layers, "use_sliding_window": False,
-            "max_window_layers": cfg.num_hidden_layers,
-            # vLLM reads is_causal before dflash_config.causal: it must say the same
-            "is_causal": bool(cfg.causal), "block_size": cfg.block_size, "dflash_config": dflash,
-            "torch_dtype": torch_dtype,
-            "draftsmith": {"draft_type": FAMILY_OF.get(type(self).__name__, "dflash"), "num_anchors": cfg.num_anchors,
-                           "loss_decay_gamma": cfg.loss_decay_gamma,
-                           **{k: v for k, v in cfg.extra.items() if k not in EXPORTED_EXTRA}},
-        }
+        """config.json (DFlashConfig.to_export), naming this draft's family."""
+        return self.cfg.to_export(aux_layer_ids, torch_dtype, self.draft_type)
 
 
 def empty_sums(positions: int, device: Any = None) -> dict:
@@ -425,80 +344,12 @@ def empty_sums(positions: int, device: Any = None) -> dict:
             "valid_blocks": torch.zeros(1, dtype=torch.long, device=device)}
 
 
-# dflash_config keys a serving engine reads (Domino's head shape); the rest go under "draftsmith"
-EXPORTED_EXTRA = ("projector_type", "emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label")
-FAMILY_OF = {"DFlashDraft": "dflash", "JetSpecDraft": "jetspec", "DominoDraft": "domino"}
-
-
-# ---------------------------------------------------------------------------------- family contract
-Model = DFlashDraft
-
-
-def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
-    """DFlash's default: one target layer per draft layer, evenly spaced (DRAFT_FAMILIES 2.1)."""
-    return "dflash", draft.num_draft_layers
-
-
-def config_kwargs(info: Any, draft: Any) -> dict:
-    """DFlashConfig fields from the target (``info``) and the run's ``draft`` section (all but the layer ids)."""
-    return dict(
-        hidden_size=info.hidden_size, num_attention_heads=info.num_attention_heads,
-        num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size, num_target_layers=info.num_layers,
-        num_hidden_layers=draft.num_draft_layers, block_size=draft.block_size, mask_token_id=draft.mask_token_id,
-        num_anchors=draft.num_anchors, loss_decay_gamma=draft.loss_decay_gamma, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
-        max_position_embeddings=info.max_position_embeddings,
-    )
-
-
-def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
-                       layer_ids: Optional[list[int]] = None) -> DFlashConfig:
-    """The draft for a target (``info``: TargetInfo) and the run's ``draft`` section; ``layer_ids``
-    are the engine ids it reads (the trainer's), placeholders 1..n when only the count is known."""
-    ids = [i - 1 for i in (layer_ids or range(1, num_layer_ids + 1))]
-    return DFlashConfig(**config_kwargs(info, draft), target_layer_ids=ids)
-
-
-def config_from_export(config: dict, cls: type = DFlashConfig, **extra: Any) -> DFlashConfig:
-    """Rebuild from an exported config.json (inverse of :meth:`DFlashDraft.export_config`)."""
-    d = config.get("dflash_config") or {}
-    own = config.get("draftsmith") or {}
-    return cls(hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],
-               num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
-               head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
-               intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
-               num_target_layers=config.get("num_target_layers", max(d.get("target_layer_ids") or [0]) + 1),
-               target_layer_ids=list(d.get("target_layer_ids") or []), mask_token_id=d.get("mask_token_id"),
-               num_hidden_layers=config["num_hidden_layers"],
-               block_size=d.get("block_size", config.get("block_size", 16)), causal=bool(d.get("causal", False)),
-               num_anchors=own.get("num_anchors", 64), loss_decay_gamma=own.get("loss_decay_gamma", 7.0),
-               rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=config.get("rope_theta", 1000000.0),
-               rope_scaling=config.get("rope_scaling"),
-               max_position_embeddings=config.get("max_position_embeddings", 2048), **extra)
-
-
-def layer_ids_from_export(config: dict) -> list[int]:
-    """The ENGINE layer ids (our convention) a DFlash export reads: dflash_config.target_layer_ids + 1."""
-    ids = (config.get("dflash_config") or {}).get("target_layer_ids")
-    if not ids:
-        raise ValueError("config.json has no dflash_config.target_layer_ids; a DFlash draft needs the target "
-                         "layers it was trained on")
-    return [int(i) + 1 for i in ids]
-
-
+# ---------------------------------------------------------------------------------- training contract
 def attach_target(model: DFlashDraft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
     """Borrow the target's embeddings and lm_head (DFlash predicts the full target vocab)."""
     lm_head, _ = head()
     model.attach_target(embeddings, lm_head)
-
-
-def checkpoint_meta(model: DFlashDraft) -> dict:
-    """What a DFlash checkpoint's meta.json records besides the trainer's fields (DRAFT_FAMILIES 2.9):
-    block_size, mask_token_id and target_layer_ids (on-disk convention: engine id - 1)."""
-    c = model.cfg
-    return {"block_size": c.block_size, "mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
@@ -529,26 +380,3 @@ def describe(summary: dict) -> str:
     accs = " ".join(f"{a:.3f}" for a in summary["step_accuracy"][:8])
     cond = " ".join(f"{a:.3f}" for a in summary.get("conditional_acceptance", ())[:8])
     return f"per-position accuracy [{accs}{more}]  conditional [{cond}{more}]  accept length {summary['accept_len']:.3f}"
-
-
-def load_exported(config: dict, state: dict[str, torch.Tensor], target_embeddings: Optional[torch.Tensor] = None,
-                  target_lm_head: Optional[torch.Tensor] = None, model_cls: Optional[type] = None,
-                  cfg: Optional[DFlashConfig] = None) -> DFlashDraft:
-    """An fp32 eval draft from an export (on-disk names); the target's embeddings and lm_head are borrowed
-    (``target_lm_head`` None: the embeddings, as for a tied target)."""
-    cfg = cfg or config_from_export(config)
-    model = (model_cls or DFlashDraft)(cfg)
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit a {type(model).__name__}: missing {missing[:4]}, unexpected "
-                         f"{unexpected[:4]}; is this a {ARCH} checkpoint of this draftsmith?")
-    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items() if state[k].shape != v.shape]
-    if bad:
-        raise ValueError(f"weight shapes do not fit config.json: {'; '.join(bad[:3])}")
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    if target_embeddings is not None:
-        model.attach_target(target_embeddings.float(), (target_lm_head if target_lm_head is not None
-                                                        else target_embeddings).float())
-    return model.eval()

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dflash
-from .dflash import DFlashConfig, DFlashDraft, DFlashOutput, block_metrics
-from .layers import LossParts
+from ..layers import LossParts
+from . import api as dflash  # the DFlash contract this family reuses
+from .config import DFlashConfig
+from .model import DFlashDraft, DFlashOutput, block_metrics
 
-SUPERVISION = "dflash"
 PROGRESS = dflash.PROGRESS
 
 
@@ -41,6 +41,8 @@ def lambda_at(step: int, total: int, start: float, decay_ratio: float) -> float:
 
 class DominoDraft(DFlashDraft):
     """DFlash modules + ``prefix_gru`` + ``embed_proj``; cfg.extra holds the head's knobs."""
+
+    draft_type = "domino"
 
     def __init__(self, cfg: DFlashConfig):
         super().__init__(cfg)
@@ -113,6 +115,7 @@ Model = DominoDraft
 layer_rule = dflash.layer_rule
 layer_ids_from_export = dflash.layer_ids_from_export
 attach_target = dflash.attach_target
+Proposer = dflash.Proposer
 checkpoint_meta = dflash.checkpoint_meta
 summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
 KNOBS = ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len", "shift_label", "lambda_start", "lambda_decay_ratio")

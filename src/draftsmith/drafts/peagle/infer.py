@@ -1,6 +1,6 @@
 """P-EAGLE inference: K drafted tokens in ONE draft forward, as vLLM 0.32 serves a parallel draft.
 
-A mixin of :class:`draftsmith.drafts.peagle.PEagleDraft` (which supplies ``combine``, ``run_layers``,
+A mixin of :class:`draftsmith.drafts.peagle.model.PEagleDraft` (which supplies ``combine``, ``run_layers``,
 ``compute_logits``, ``draft_to_target``, ``mask_hidden`` and ``cfg``): model math only, no I/O.
 
 What vLLM 0.32 runs (read from its source; this is what `propose` reproduces):
@@ -35,9 +35,10 @@ from typing import NamedTuple
 
 import torch
 
-from .eagle3_infer import DraftKVCache
+from ..eagle3.infer import DraftKVCache
+from ..proposer import DecodeState, Proposal, choose
 
-__all__ = ["PEagleInference", "PEagleProposal"]
+__all__ = ["PEagleInference", "PEagleProposal", "PEagleProposer"]
 
 
 class PEagleProposal(NamedTuple):
@@ -107,3 +108,63 @@ class PEagleInference:
             c.crop(past + t)  # keep the depth-0 slots, drop this round's mask slots
         logits = self.compute_logits(normed[:, t - 1:])  # (B, K, Vd)
         return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
+
+
+class PEagleProposer:
+    """Parallel proposer for a P-EAGLE draft: one draft forward per round drafts the first K depths,
+    as vLLM 0.32's parallel-drafting eagle3 proposer does (:meth:`PEagleInference.propose`).
+
+    Target slot t = (aux_t, token_{t+1}) for every processed position, the last one carrying the
+    newest committed token, then K-1 (mask_hidden, mask_token_id) slots; rows n-1..n+K-2 give d_1..d_K.
+    A mask slot at depth d sees only earlier slots, so K < num_depths drafts exactly the first K
+    depths. The depth-0 slots are committed context and stay in per-layer KV caches across rounds
+    (``cache=True``; vLLM keeps them the same way); only the new ones and the K-1 mask slots run each
+    round. ``cache=False`` recomputes the whole prefix every round (the reference).
+    Sampling: the K depths' distributions are independent (no depth sees another's token).
+    """
+
+    kind = "parallel"
+
+    def __init__(self, draft, cache: bool = True):
+        self.draft, self.use_cache = draft, cache
+        self.target_ids = draft.draft_to_target(torch.arange(draft.cfg.draft_vocab_size,
+                                                             device=draft.lm_head.weight.device))  # (Vd,)
+        self.reset()
+
+    @property
+    def max_k(self) -> int:
+        """The depths it was trained for; deeper mask slots were never supervised."""
+        return self.draft.cfg.num_depths
+
+    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = num_depths
+
+    @property
+    def k_knob(self) -> str:
+        """What bounds K, for -k errors."""
+        return f"num_depths={self.max_k}"
+
+    def reset(self) -> None:
+        self.caches = self.draft.new_cache()
+        self.filled = 0  # depth-0 slots in the caches
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        d, k = self.draft, state.k
+        if not 1 <= k <= self.max_k:
+            raise ValueError(f"k={k}: this P-EAGLE draft drafts num_depths={self.max_k} tokens per forward; "
+                             f"use 1 <= k <= {self.max_k}")
+        n = state.aux.shape[0]  # processed positions; tokens[n] is the newest committed token
+        dev = d.lm_head.weight.device
+        start = self.filled if self.use_cache else 0
+        aux = state.aux[start:n].to(dev)[None]  # (1, T, n_aux, Ht)
+        ids = torch.tensor([state.tokens[start + 1 : n + 1]], device=dev)  # (1, T): token_{t+1}
+        if self.use_cache:
+            out = d.propose_cached(self.caches, aux, ids, k)
+            self.filled = n
+        else:
+            out = d.propose(aux, ids, k)
+        tokens, q = choose(out.logits[0], self.target_ids, d.cfg.vocab_size, state)  # (K,), (K, V) | None
+        return Proposal(tokens, q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        pass  # only committed depth-0 slots are cached; the mask slots were dropped in propose

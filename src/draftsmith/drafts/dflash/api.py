@@ -1,0 +1,8 @@
+"""The DFlash family contract (drafts/__init__.py): what train/, eval/ and serve/ call, by name."""
+
+from __future__ import annotations
+
+from .config import config_from_export, config_from_target, layer_rule  # noqa: F401
+from .export import checkpoint_meta, layer_ids_from_export, load_exported  # noqa: F401
+from .infer import BlockProposer as Proposer  # noqa: F401
+from .model import PROGRESS, DFlashDraft as Model, attach_target, describe, scalars, summarize  # noqa: F401

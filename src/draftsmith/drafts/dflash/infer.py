@@ -1,0 +1,72 @@
+"""The DFlash family's offline proposer (DFlash, JetSpec, Domino): what the exact evaluator and the
+trainer's real-tau hook drive, as vLLM 0.32's ``dflash`` method runs a block draft."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..proposer import DecodeState, Proposal, choose
+
+__all__ = ["BlockProposer"]
+
+
+class BlockProposer:
+    """Block proposer for the DFlash family (DFlash, JetSpec, Domino), as vLLM 0.32's ``dflash``
+    method runs a draft (``qwen3_dflash.py``, ``v1/spec_decode/dflash.py``):
+
+    - context: the target's states at every committed position t < n go through fc + hidden_norm and
+      each layer's k/v projections ONCE (``precompute_and_store_context_kv``) and stay cached; they are
+      appended as positions are committed and never recomputed (committed positions never change);
+    - block: [newest committed token, MASK x K] at positions n..n+K, one draft forward in which the
+      block sees the whole cached context and itself (bidirectional, or causal for JetSpec); rows
+      1..K give d_1..d_K through the target's lm_head (Domino: rows 0..K-1 plus its GRU walk).
+    1 <= K <= the tokens one block drafts (block_size - 1; Domino with shift_label: block_size).
+    """
+
+    kind = "block"
+
+    def __init__(self, draft: Any):
+        self.draft = draft
+        self.target_ids = torch.arange(draft.cfg.vocab_size)  # the full target vocab
+        self.reset()
+
+    @property
+    def max_k(self) -> int:
+        return self.draft.max_k
+
+    default_k = trained_k = max_k  # vLLM serves it with num_speculative_tokens = block_size - 1
+
+    @property
+    def k_knob(self) -> str:
+        """What bounds K, for -k errors."""
+        return f"block_size={self.draft.cfg.block_size}"
+
+    def reset(self) -> None:
+        self.kvs = None  # per layer (k, v), each (1, h_kv, filled, d)
+        self.filled = 0
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> Proposal:
+        from .. import DraftError
+
+        d, k = self.draft, state.k
+        if not 1 <= k <= self.max_k:
+            raise ValueError(f"k={k}: this block draft drafts {self.max_k} tokens per forward; use 1 <= k <= {self.max_k}")
+        if state.temperature > 0 and hasattr(d, "set_progress"):
+            raise DraftError("Domino drafts are evaluated greedily (its GRU walks its own argmax); pass --temperature 0")
+        n = state.aux.shape[0]  # committed positions with target states; tokens[n] is the anchor
+        dev = d.fc.weight.device
+        if n > self.filled:
+            pos = torch.arange(self.filled, n, device=dev)[None]
+            new = d.context_kv(d.context(state.aux[self.filled : n].to(dev)[None]), pos)
+            self.kvs = new if self.kvs is None else [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2))
+                                                     for (k0, v0), (k1, v1) in zip(self.kvs, new)]
+            self.filled = n
+        logits = d.propose(self.kvs, int(state.tokens[n]), n, k)  # (K, V)
+        tokens, q = choose(logits, self.target_ids.to(logits.device), d.cfg.vocab_size, state)
+        return Proposal(tokens, q)
+
+    def commit(self, state: DecodeState, num_accepted: int) -> None:
+        pass  # only committed context is cached; the block is recomputed every round

@@ -1,0 +1,38 @@
+"""EAGLE-3 / EAGLE-3.1: one fused decoder layer over (token embedding, fused target state), trained
+with the training-time-test unroll; a chain draft (K steps, one draft forward each).
+
+Layout: ``config.py`` (the ``draft`` section, the model config and its config.json both ways; torch-free),
+``model.py`` (modules, TTT, loss, metrics), ``infer.py`` (KV-cached steps and the chain proposer),
+``export.py`` (loading an export), ``api.py`` (the family contract). This file: the family's
+description, torch-free, which ``drafts/__init__.py`` registers.
+"""
+
+from __future__ import annotations
+
+from ..family import Family, WeightRule
+from .config import Eagle3DraftConfig
+
+__all__ = ["FAMILY", "EAGLE3_ARCHS"]
+
+# config.json architectures the offline evaluator loads as EAGLE-3 (vLLM / NeMo AutoModel / SGLang names)
+EAGLE3_ARCHS = ("LlamaEagle3DraftModel", "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM")
+
+
+def recognises(config: dict) -> bool:
+    """An EAGLE-layout config.json without parallel drafting. EAGLE-3 is also the registry's fallback:
+    it takes any config.json no family recognises (plain third-party EAGLE-3 configs)."""
+    return not isinstance(config.get("dflash_config"), dict) and not config.get("parallel_drafting")
+
+
+FAMILY = Family(
+    name="eagle3", display="EAGLE-3 (chain)", article="an", api="draftsmith.drafts.eagle3.api",
+    config=Eagle3DraftConfig, supervision="eagle3", recognises=recognises, fallback=True,
+    eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
+    serve_k_missing="EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
+                    "start, at most the ttt_steps it was trained with)",
+    required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
+                   "draft_vocab_size", "target_hidden_size"),
+    weight_rules=(WeightRule("mask_hidden", present=False, problem=(
+        "{where} (no parallel_drafting) but its weights hold P-EAGLE's 'mask_hidden'; restore parallel_drafting: "
+        "true, mask_token_id and num_depths in config.json, or pass the EAGLE-3 checkpoint you meant")),),
+)

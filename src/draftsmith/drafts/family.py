@@ -1,0 +1,143 @@
+"""The family description: what config, train, eval, serve and doctor ask a draft family.
+
+Torch-free (``draftsmith.config`` imports it). A :class:`Family` is one frozen object per family,
+registered in ``drafts/__init__.py`` with :func:`draftsmith.drafts.register`. It holds:
+
+- the facts the rest of draftsmith branches on (supervision kind, layer rule, on-disk layout, where
+  its config.json keeps its layer ids, how serve sets K, what serve refuses and why, its weight
+  checks, the vLLM / speculators names, whether it needs a mask token or borrows the target's lm_head);
+- its draft-section dataclass (``config``, a :class:`DraftConfig`), which ``draft.type`` picks;
+- its code: ``api``, the dotted name of the module implementing the family contract (see
+  ``drafts/__init__.py``). That module is imported on first use, and every name a Family does not
+  declare itself is read from it, so ``family.Model`` or ``family.summarize(sums)`` are the code's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Optional
+
+LAYOUTS = ("eagle", "block")
+
+
+@dataclass
+class DraftConfig:
+    """The run config's ``draft`` section, fields every family has. Each family subclasses it with
+    its own knobs (``Family.config``); the YAML stays flat under ``draft:`` and ``draft.type`` picks
+    the subclass (config.py)."""
+
+    type: str = ""  # the draft family (drafts/__init__.py registry)
+    # Shared by every family because run configs switch draft.type under it (`--set draft.type=...` on a
+    # config that sets it): the training-time-test unroll of chain drafts (EAGLE-3), and so the K of
+    # train.spec_eval_every for them; the other families draft their own K and do not read it
+    ttt_steps: int = 7
+
+    def problems(self) -> list[str]:
+        """Value-range problems the types cannot express, one line each (config.py reports them all)."""
+        return positive(self, "ttt_steps")
+
+
+def positive(section: Any, *keys: str) -> list[str]:
+    """One problem per integer knob of ``section`` (a DraftConfig) that is below 1."""
+    return [f"'draft.{k}' = {getattr(section, k)}: expected an integer >= 1" for k in keys if getattr(section, k) < 1]
+
+
+@dataclass(frozen=True)
+class KRule:
+    """Where a served draft's K comes from in its config.json: the first of ``keys`` (dotted) that is
+    set, plus ``offset`` (DFlash: K = block_size - 1); ``why`` ends doctor's range message."""
+
+    keys: tuple[str, ...]
+    offset: int = 0
+    why: str = ""
+    required: bool = True  # doctor: a config.json without it is a problem (else only a set value is checked)
+
+    def value(self, config: dict) -> tuple[Optional[str], Any]:
+        """(key, value) of the first key set in ``config`` (falsy values count as unset), or (None, None)."""
+        for key in self.keys:
+            v = lookup(config, key)
+            if v:
+                return key, v
+        return None, None
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    """A tensor that an EAGLE-layout draft of this family must (``present``) or must not hold; a
+    config.json of one family over another's weights is served wrongly without a word."""
+
+    name: str  # on-disk tensor name without the ``model.`` prefix
+    present: bool
+    problem: str  # the one-line problem when the rule is broken (names the key to fix)
+
+
+def lookup(config: dict, dotted: str) -> Any:
+    """``config["a"]["b"]`` for ``"a.b"`` (None when any level is missing or not a mapping)."""
+    value: Any = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+@dataclass(frozen=True)
+class Family:
+    """One draft family: its facts, its draft-section dataclass and (``api``) its code."""
+
+    name: str  # draft.type, meta.json's draft_type, config.json's draftsmith.draft_type
+    display: str  # in messages: "P-EAGLE (parallel)"
+    api: str  # dotted module implementing the family contract (drafts/__init__.py)
+    config: type  # its DraftConfig subclass
+    supervision: str  # the supervision kind it trains on (targets.contract.SUPERVISION)
+    recognises: Callable[[dict], bool]  # True for an exported config.json of this family
+    fallback: bool = False  # claims any config.json no other family recognises (EAGLE-3: third-party configs)
+    # on disk: "eagle" = LlamaEagle3DraftModel, `model.` prefix, its own lm_head over the draft vocab and
+    # d2t/t2d; "block" = Qwen3DFlashDraftModel, no prefix, no embeddings, the target's lm_head
+    layout: str = "eagle"
+    first_layer_id: int = 0  # lowest engine layer id it can read (1: it reads decoder-layer outputs)
+    layer_ids_key: str = "eagle_config.eagle_aux_hidden_state_layer_ids"  # config.json key of its layer ids
+    layer_id_offset: int = 0  # on-disk id = engine id + offset (DFlash files index layer outputs: -1)
+    borrows_lm_head: bool = False  # predicts the full target vocab with the target's lm_head (not saved)
+    needs_mask_token: bool = False  # drafts through a reserved mask token (draft.mask_token_id)
+    eval_archs: tuple[str, ...] = ()  # architectures the offline evaluator loads (empty: any it recognises)
+    vllm_method: Optional[str] = None  # vLLM speculative method; None: vLLM cannot serve it
+    vllm_arch: Optional[str] = None  # architectures[0] vLLM's loader expects
+    parallel_drafting: bool = False  # vLLM's speculative-config flag (one forward drafts K)
+    speculators_type: Optional[str] = None  # speculators_model_type of a speculators-format export
+    serve_k: Optional[KRule] = None  # K from config.json at serve time; None: --num-speculative-tokens is required
+    serve_k_missing: str = ""  # the error when K is neither given nor in config.json
+    serve_refusal: Optional[str] = None  # no engine serves it: why and what works ({source}: the user's path)
+    sglang_refusal: Optional[str] = None  # SGLang does not serve it: why and where to go instead
+    required_keys: tuple[str, ...] = ()  # config.json keys doctor requires
+    weight_rules: tuple[WeightRule, ...] = ()  # tensors its weights must / must not hold (EAGLE layout)
+    article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
+    extra: dict = field(default_factory=dict)  # free-form facts a family's own code reads
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Family {self.name!r}: layout={self.layout!r}; expected one of {LAYOUTS}")
+        if not (isinstance(self.config, type) and issubclass(self.config, DraftConfig)):
+            raise ValueError(f"Family {self.name!r}: config={self.config!r} must be a DraftConfig subclass")
+
+    @property
+    def SUPERVISION(self) -> str:  # noqa: N802 (the family contract's name for it)
+        return self.supervision
+
+    @property
+    def short(self) -> str:
+        """The display name without its kind: "P-EAGLE"."""
+        return self.display.split(" (")[0]
+
+    def code(self) -> ModuleType:
+        """The module implementing the family contract (imported once, on first use)."""
+        return importlib.import_module(self.api)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the dataclass does not declare: the family's code
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.code(), name)
+
+    def __repr__(self) -> str:
+        return f"Family({self.name!r}, api={self.api!r})"

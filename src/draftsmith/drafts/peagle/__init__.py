@@ -1,0 +1,37 @@
+"""P-EAGLE (parallel drafting): an EAGLE-3 draft that proposes K tokens in ONE forward.
+
+Layout as eagle3/: ``config.py`` (torch-free), ``model.py`` (COD sampling, the parallel loss, the
+draft composed of EAGLE-3's modules), ``infer.py`` (one-forward proposals and the parallel proposer),
+``export.py``, ``api.py``. This file: the family's description, torch-free.
+"""
+
+from __future__ import annotations
+
+from ..family import Family, KRule, WeightRule
+from .config import PEagleDraftConfig
+
+__all__ = ["FAMILY"]
+
+
+def recognises(config: dict) -> bool:
+    """An EAGLE-layout config.json (not a DFlash-family one) with ``parallel_drafting``."""
+    from ..dflash import is_block_config
+
+    return bool(config.get("parallel_drafting")) and not is_block_config(config)
+
+
+FAMILY = Family(
+    name="peagle", display="P-EAGLE (parallel)", api="draftsmith.drafts.peagle.api", config=PEagleDraftConfig,
+    supervision="eagle3", recognises=recognises, needs_mask_token=True,
+    vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", parallel_drafting=True, speculators_type="peagle",
+    serve_k=KRule(("num_depths",), why="it is K for parallel drafting"),
+    serve_k_missing="P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens",
+    sglang_refusal="P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
+                   "`draftsmith serve vllm` (vLLM's parallel drafting)",
+    required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
+                   "draft_vocab_size", "target_hidden_size"),
+    weight_rules=(WeightRule("mask_hidden", present=True, problem=(
+        "{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are not a "
+        "P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from config.json, or pass "
+        "the P-EAGLE checkpoint you meant")),),
+)

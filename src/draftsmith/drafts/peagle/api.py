@@ -1,0 +1,11 @@
+"""The P-EAGLE family contract (drafts/__init__.py): what train/, eval/ and serve/ call, by name."""
+
+from __future__ import annotations
+
+from .config import config_from_export, config_from_target, layer_rule  # noqa: F401
+from .export import layer_ids_from_export, load_exported  # noqa: F401
+from .infer import PEagleProposer as Proposer  # noqa: F401
+from .model import PROGRESS, PEagleDraft as Model, attach_target, describe, summarize  # noqa: F401
+from .model import eagle3 as _eagle3
+
+scalars = _eagle3.scalars
