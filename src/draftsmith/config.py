@@ -2,7 +2,9 @@
 
 A run config has five sections (``target``, ``data``, ``draft``, ``train``, ``output``). Loading
 rejects unknown sections and keys by name with a close-match hint, checks every value's type, and
-reports ALL problems at once in a :class:`ConfigError`. ``--set section.key=value`` overrides are
+reports ALL problems at once in a :class:`ConfigError`. The ``draft`` section is flat in YAML, but
+its dataclass is the family's (``draft.type`` picks it from the drafts registry): a key of another
+family is refused by name with the families it belongs to. ``--set section.key=value`` overrides are
 parsed as YAML scalars/lists and validated the same way.
 """
 
@@ -15,7 +17,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from draftsmith.drafts import FAMILIES
+from draftsmith.drafts import FAMILIES, DraftConfig, default_family
+
+__all__ = ["ConfigError", "RunConfig", "TargetConfig", "DataConfig", "DraftConfig", "TrainConfig", "OutputConfig",
+           "SECTIONS", "CHOICES", "build_config", "load_config", "dump_config", "parse_overrides", "draft_class"]
 
 
 class ConfigError(ValueError):
@@ -61,38 +66,6 @@ class DataConfig:
 
 
 @dataclass
-class DraftConfig:
-    type: str = "eagle3"  # the draft family (drafts/__init__.py FAMILIES)
-    ttt_steps: int = 7  # training-time-test unroll depth
-    step_weight: float = 0.8  # step k weighs step_weight**k
-    fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
-    norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
-    norm_before_residual: bool = False  # layer-0 residual = hidden_norm(h) (speculators' default; vLLM reads it)
-    norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the concatenated aux states before fc (vLLM reads it)
-    freeze_lm_head: bool = False  # keep the lm_head at the target's rows (needs init_from_target); saves its weight-grad GEMM
-    freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
-    init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
-    # P-EAGLE (draft.type peagle): K tokens drafted in one forward
-    num_depths: int = 8  # K; vLLM's num_speculative_tokens defaults to it at serve time
-    mask_token_id: Optional[int] = None  # required for peagle: a reserved/unused target token id (the mask slots' token)
-    num_draft_layers: int = 4  # layer 0 is the fused 2H EAGLE-3 layer, the rest plain decoder layers
-    down_sample_ratio: float = 0.7  # COD: depth d keeps max(r^d, r_min) of the candidate anchors
-    down_sample_ratio_min: float = 0.2
-    # DFlash family (draft.type dflash / jetspec / domino): one forward drafts a block; num_draft_layers
-    # draft layers read as many target layers (evenly spaced unless target.aux_layer_ids says otherwise)
-    block_size: int = 16  # anchor + block_size - 1 drafted tokens; vLLM serves K = block_size - 1
-    num_anchors: int = 64  # blocks sampled per conversation per step (on assistant tokens)
-    loss_decay_gamma: Optional[float] = 7.0  # position k weighs exp(-(k-1)/gamma); DFlash uses 7 (bs 16), 5 (10), 4 (8); null = uniform
-    kd_temperature: float = 1.0  # jetspec: KD temperature T (loss x T^2)
-    emb_dim: int = 256  # domino: embed_proj width
-    gru_hidden_dim: int = 256  # domino: prefix GRU width
-    pure_draft_prefix_len: int = 0  # domino: leading drafted tokens that use the base logits only
-    shift_label: bool = True  # domino: slot k predicts anchor + k + 1 (all block_size slots draft)
-    lambda_start: float = 1.0  # domino: base-loss weight at step 0 ...
-    lambda_decay_ratio: float = 0.5  # ... falling linearly to 0 over this fraction of the steps
-
-
-@dataclass
 class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # optimizer steps; stops early when reached
@@ -135,7 +108,7 @@ class OutputConfig:
 class RunConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    draft: DraftConfig = field(default_factory=DraftConfig)
+    draft: DraftConfig = field(default_factory=lambda: draft_class(default_family())())
     train: TrainConfig = field(default_factory=TrainConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
@@ -143,15 +116,33 @@ class RunConfig:
         return asdict(self)
 
 
+def draft_class(family: str) -> type:
+    """The ``draft`` section's dataclass of family ``family`` (a registered draft.type)."""
+    return FAMILIES[family].config
+
+
+# section -> dataclass; `draft` is the base every family's section extends (draft_class picks the family's)
 SECTIONS: dict[str, type] = {f.name: f.default_factory().__class__ for f in fields(RunConfig)}  # type: ignore[misc]
-CHOICES: dict[str, tuple[str, ...]] = {
+SECTIONS["draft"] = DraftConfig
+
+
+class _Choices(dict):
+    """Allowed values per ``section.key``; ``draft.type`` is read from the drafts registry when asked
+    (a family registered after import, e.g. by a test, is a choice too)."""
+
+    def __missing__(self, key: str) -> tuple[str, ...]:
+        if key == "draft.type":
+            return tuple(FAMILIES)
+        raise KeyError(key)
+
+
+CHOICES: dict[str, tuple[str, ...]] = _Choices({
     "target.engine": ("hf", "vllm", "sglang", "remote", "cache"),
     "target.remote_data_plane": ("auto", "nccl", "gloo", "wire"),
     "target.dtype": ("float32", "bfloat16", "float16"),
     "train.parallel": ("ddp", "fsdp2"),
     "train.optimizer": ("adamw", "muon"),
-    "draft.type": tuple(FAMILIES),  # the draft families registered in drafts/__init__.py
-}
+})
 
 
 def _hint(name: str, options) -> str:
@@ -197,6 +188,22 @@ def _coerce_float(value: Any, tp: Any) -> Any:
     return value
 
 
+def _draft_section(section: dict, problems: list[str]) -> tuple[type, dict[str, list[str]]]:
+    """The dataclass ``draft.type`` picks (the default family's when the type is missing or unknown:
+    that is reported, and the other keys are still checked), and key -> the families it belongs to
+    (every registered family's keys, ``type`` included)."""
+    family = section.get("type", default_family())
+    if not isinstance(family, str) or family not in FAMILIES:
+        problems.append(f"'draft.type' = {family!r}: expected one of {list(FAMILIES)}")
+        family = default_family()
+    cls = draft_class(family)
+    owners: dict[str, list[str]] = {}
+    for name, fam in FAMILIES.items():
+        for key in typing.get_type_hints(fam.config):
+            owners.setdefault(key, []).append(name)
+    return cls, owners
+
+
 def build_config(raw: dict, source: str = "config") -> RunConfig:
     """Validate a parsed mapping into a :class:`RunConfig`, reporting every problem at once."""
     problems: list[str] = []
@@ -212,12 +219,18 @@ def build_config(raw: dict, source: str = "config") -> RunConfig:
         if not isinstance(sec_val, dict):
             problems.append(f"section '{sec_name}' must be a mapping, got {sec_val!r}")
             continue
-        cls = SECTIONS[sec_name]
+        cls, owners = SECTIONS[sec_name], {}
+        if sec_name == "draft":
+            cls, owners = _draft_section(sec_val, problems)
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for key, value in sec_val.items():
             if key not in hints:
-                problems.append(f"unknown key '{sec_name}.{key}'{_hint(str(key), hints)}")
+                if key in owners:  # a draft knob of another family: name the families it belongs to
+                    problems.append(f"draft.{key} belongs to {'/'.join(owners[key])}; draft.type is "
+                                    f"{cls().type}: remove the key, or set draft.type to the family it belongs to")
+                else:  # close matches among every family's knobs
+                    problems.append(f"unknown key '{sec_name}.{key}'{_hint(str(key), set(hints) | set(owners))}")
                 continue
             value = _coerce_float(value, hints[key])
             if not _check(value, hints[key]):
@@ -240,17 +253,12 @@ def build_config(raw: dict, source: str = "config") -> RunConfig:
     return cfg
 
 
-MASKED_FAMILIES = ("peagle", "dflash", "jetspec", "domino")  # draft with a reserved mask token
-BLOCK_FAMILIES = ("dflash", "jetspec", "domino")
-
-
 def _cross_checks(cfg: RunConfig) -> list[str]:
     """Value-range checks that types alone cannot express."""
     p = []
     positive = {
         "data.max_length": cfg.data.max_length, "train.batch_size": cfg.train.batch_size,
         "train.grad_accum": cfg.train.grad_accum, "train.epochs": cfg.train.epochs,
-        "draft.ttt_steps": cfg.draft.ttt_steps,
     }
     for key, v in positive.items():
         if v < 1:
@@ -258,29 +266,11 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     if cfg.train.spec_eval_every < 0 or cfg.train.spec_eval_prompts < 1:
         p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
                  f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
-    if cfg.draft.type in MASKED_FAMILIES and cfg.draft.mask_token_id is None:
-        p.append(f"'draft.mask_token_id' is required for draft.type {cfg.draft.type}: set a reserved or unused token id "
-                 "of the target (e.g. 16 <empty_output> for SmolLM2, 128002 for Llama-3)")
-    if cfg.draft.type in BLOCK_FAMILIES:
-        if cfg.draft.block_size < 2:
-            p.append(f"'draft.block_size' = {cfg.draft.block_size}: expected an integer >= 2 (the anchor plus at least "
-                     "one drafted token); DFlash uses 16, 10 or 8")
-        if cfg.draft.num_anchors < 1:
-            p.append(f"'draft.num_anchors' = {cfg.draft.num_anchors}: expected an integer >= 1")
-
-    for key in ("num_depths", "num_draft_layers"):
-        if getattr(cfg.draft, key) < 1:
-            p.append(f"'draft.{key}' = {getattr(cfg.draft, key)}: expected an integer >= 1")
-    if not (0 < cfg.draft.down_sample_ratio <= 1 and 0 <= cfg.draft.down_sample_ratio_min <= 1):
-        p.append(f"'draft.down_sample_ratio' = {cfg.draft.down_sample_ratio}, 'draft.down_sample_ratio_min' = "
-                 f"{cfg.draft.down_sample_ratio_min}: expected (0, 1] and [0, 1]")
+    p += cfg.draft.problems()  # the family's own value ranges (drafts/<family>/config.py)
     if cfg.train.lr <= 0:
         p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
     if cfg.train.muon_lr is not None and cfg.train.muon_lr <= 0:
         p.append(f"'train.muon_lr' = {cfg.train.muon_lr}: expected > 0 (or null for train.lr)")
-    if cfg.draft.freeze_lm_head and not cfg.draft.init_from_target:
-        p.append("'draft.freeze_lm_head' is true but draft.init_from_target is false: a frozen lm_head would stay "
-                 "random; set init_from_target: true (it starts from the target's lm_head rows) or unfreeze it")
     if cfg.data.eval_size < 0:
         p.append(f"'data.eval_size' = {cfg.data.eval_size}: expected a fraction in [0, 1) or a count >= 1")
     if cfg.data.draft_vocab_size is not None and cfg.data.draft_vocab_size < 2:
@@ -330,8 +320,23 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def _switch_family(raw: dict, draft_over: dict) -> dict:
+    """``raw`` for a ``--set draft.type=T`` that switches the file's family: the file's draft keys of
+    other families that T does not have are dropped (the file was written for its own family; the
+    command line asks for another). Keys given with --set, and every key in a file read as it is,
+    are checked strictly; a key of no family is still an unknown key."""
+    section, family = raw.get("draft"), draft_over.get("type")
+    if not isinstance(section, dict) or family not in FAMILIES or section.get("type", default_family()) == family:
+        return raw
+    own = set(typing.get_type_hints(draft_class(family)))
+    others = {k for f in FAMILIES.values() for k in typing.get_type_hints(f.config)}
+    return {**raw, "draft": {k: v for k, v in section.items() if k in own or k not in others}}
+
+
 def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = None) -> RunConfig:
-    """Load YAML from ``path`` (or defaults when None), apply ``--set`` overrides, validate."""
+    """Load YAML from ``path`` (or defaults when None), apply ``--set`` overrides, validate. A
+    ``--set draft.type=...`` that switches family drops the file's keys of its own family
+    (:func:`_switch_family`)."""
     import yaml
 
     raw: dict = {}
@@ -349,7 +354,9 @@ def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = Non
             raise ConfigError([f"invalid YAML{where}: {getattr(e, 'problem', e)}"], source) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"top level must be a mapping of sections {sorted(SECTIONS)}"], source)
-    for sec, kv in parse_overrides(overrides or []).items():
+    over = parse_overrides(overrides or [])
+    raw = _switch_family(raw, over.get("draft") or {})
+    for sec, kv in over.items():
         existing = raw.get(sec)
         if existing is None:
             raw[sec] = kv
