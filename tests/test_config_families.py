@@ -1,0 +1,76 @@
+"""Per-family draft sections (issue 22): ``draft.type`` picks the family's dataclass, and a key of
+another family is refused by name with the families it belongs to, all problems at once, exit 2 with
+one line per problem from the CLI."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from draftsmith.cli import EXIT_BAD_INPUT, main
+from draftsmith.config import ConfigError, build_config, load_config
+from draftsmith.drafts import FAMILIES
+
+# one knob of each family and the families that own it
+OWN = {"step_weight": "eagle3", "num_depths": "peagle", "block_size": "dflash/jetspec/domino",
+       "kd_temperature": "jetspec", "gru_hidden_dim": "domino"}
+VALUE = {"step_weight": 0.5, "num_depths": 3, "block_size": 8, "kd_temperature": 2.0, "gru_hidden_dim": 16}
+BASE = {"peagle": {"mask_token_id": 5}, "dflash": {"mask_token_id": 5}, "jetspec": {"mask_token_id": 5},
+        "domino": {"mask_token_id": 5}, "eagle3": {}}
+
+
+def test_block_size_under_eagle3_is_refused_by_name():
+    with pytest.raises(ConfigError) as err:
+        build_config({"draft": {"type": "eagle3", "block_size": 8}})
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith("draft.block_size belongs to dflash/jetspec/domino; draft.type is eagle3")
+
+
+@pytest.mark.parametrize("family", list(BASE))
+@pytest.mark.parametrize("key", list(OWN))
+def test_a_key_of_another_family_exits_2_with_one_line(tmp_path, capsys, family, key):
+    if family in OWN[key].split("/"):
+        pytest.skip("the family's own key")
+    cfg = tmp_path / "run.yaml"
+    extra = "".join(f"  {k}: {v}\n" for k, v in BASE[family].items())
+    cfg.write_text(f"draft:\n  type: {family}\n{extra}  {key}: {VALUE[key]}\n")
+    assert main(["train", str(cfg), "--no-progress"]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    line = err.strip()
+    assert out == "" and "\n" not in line, err
+    assert f"draft.{key} belongs to {OWN[key]}; draft.type is {family}" in line
+
+
+def test_every_problem_at_once_with_close_match_hints():
+    with pytest.raises(ConfigError) as err:
+        build_config({"draft": {"type": "dflash", "mask_token_id": 5, "num_depths": 2, "fc_norm": True,
+                                "block_sise": 4, "block_size": 1}})
+    p = err.value.problems
+    assert "draft.num_depths belongs to peagle; draft.type is dflash" in p[0]
+    assert "draft.fc_norm belongs to eagle3/peagle; draft.type is dflash" in p[1]
+    assert "unknown key 'draft.block_sise'; did you mean 'block_size'?" in p[2]
+    assert "'draft.block_size' = 1: expected an integer >= 2" in p[3] and len(p) == 4
+
+
+def test_each_family_gets_its_own_dataclass_and_code_reads_its_fields():
+    for name, fam in FAMILIES.items():
+        cfg = build_config({"draft": {"type": name, **BASE[name]}})
+        assert type(cfg.draft) is fam.config and cfg.draft.type == name and cfg.draft.ttt_steps == 7
+
+
+def test_set_draft_type_switches_family_dropping_the_files_own_keys(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("draft:\n  type: peagle\n  mask_token_id: 5\n  num_depths: 3\n  ttt_steps: 2\n")
+    switched = load_config(cfg, ["draft.type=eagle3"])  # the file's peagle knobs make way for eagle3's
+    assert switched.draft.type == "eagle3" and switched.draft.ttt_steps == 2
+    with pytest.raises(ConfigError, match="draft.num_depths belongs to peagle; draft.type is eagle3"):
+        load_config(cfg, ["draft.type=eagle3", "draft.num_depths=4"])  # a --set key stays strict
+
+
+def test_readme_lists_every_family_key():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `draft` |"))
+    from dataclasses import fields
+
+    missing = sorted({f.name for fam in FAMILIES.values() for f in fields(fam.config)} - set(re.findall(r"`(\w+)`", row)))
+    assert not missing, f"README config table, section draft: add {missing}"
