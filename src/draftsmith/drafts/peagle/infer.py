@@ -20,7 +20,7 @@ What vLLM 0.32 runs (read from its source; this is what `propose` reproduces):
 - The draft attends causally through its own KV cache. Cache positions below p were written by
   earlier rounds' real (depth-0) slots; mask slots written in an earlier round sit at positions >= p
   and are overwritten this round. So a mask slot at depth d sees the depth-0 entries (aux_t, token_{t+1})
-  of the whole prefix t <= anchor plus mask slots 1..d: exactly the visibility rule of peagle.py.
+  of the whole prefix t <= anchor plus mask slots 1..d: exactly the visibility rule of peagle/model.py.
 - vllm/model_executor/models/llama_eagle3.py: `LlamaModel` builds `num_hidden_layers` layers; layer 0
   reads cat(input_layernorm(embed), hidden_norm(h)) (2H, residual = h), layers >= 1 are plain Llama
   layers on H (input_layernorm/post_attention_layernorm fused with the residual add). Weights:
