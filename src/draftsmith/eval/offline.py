@@ -382,7 +382,7 @@ def family_of_dir(draft_dir: Path) -> str:
 
 def draft_meta(draft_dir: Path) -> dict:
     """The checkpoint's meta.json (walking up from the draft dir), or {} (a vLLM export, a bare dir)."""
-    from draftsmith.train.checkpoint import find_meta
+    from draftsmith.layout import find_meta
 
     return find_meta(draft_dir)
 

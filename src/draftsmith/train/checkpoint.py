@@ -1,6 +1,6 @@
 """Checkpoints: the servable draft plus everything an exact resume needs.
 
-Layout (DESIGN section 5)::
+Layout (DESIGN section 5; the paths and their readers are in :mod:`draftsmith.layout`)::
 
     <output_dir>/checkpoints/
       epoch_<E>_step_<S>/
@@ -33,22 +33,11 @@ from typing import Any, Optional
 
 import torch
 
+# The layout and its readers live below train/ (eval and serve read it too); re-exported here so the
+# checkpoint API (write, read, find) is one import for the trainer and its tests.
+from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, checkpoint_name, latest_checkpoint,  # noqa: F401
+                               resolve_resume)
 from draftsmith.weights import CheckpointError, read_tensors  # noqa: F401  (CheckpointError is re-exported)
-
-MODEL_SUBDIR = Path("model") / "consolidated"
-REQUIRED_FILES = (
-    MODEL_SUBDIR / "config.json",
-    MODEL_SUBDIR / "model.safetensors",
-    Path("vocab.safetensors"),
-    Path("optim.pt"),
-    Path("rng.pt"),
-    Path("meta.json"),
-)
-
-
-
-def checkpoint_name(epoch: int, step: int) -> str:
-    return f"epoch_{epoch}_step_{step}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -137,41 +126,6 @@ def save_checkpoint(
     os.symlink(name, link_tmp)
     os.replace(link_tmp, root / "LATEST")
     return final
-
-
-def find_meta(path: Path) -> dict:
-    """The meta.json of the checkpoint holding ``path`` (a checkpoint dir or a dir up to 3 levels inside
-    it, e.g. model/consolidated), or {} when there is none (a vLLM export, a bare draft dir)."""
-    path = Path(path)
-    for parent in [path, *path.parents][:4]:
-        meta = parent / "meta.json"
-        if meta.is_file():
-            try:
-                return json.loads(meta.read_text())
-            except (ValueError, UnicodeDecodeError):
-                raise CheckpointError(f"{meta}: not valid JSON; the checkpoint is damaged, use another") from None
-    return {}
-
-
-def latest_checkpoint(root: Path) -> Optional[Path]:
-    """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
-    link = Path(root) / "LATEST"
-    if not (link.is_symlink() or link.exists()):
-        return None
-    target = Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
-    return target
-
-
-def resolve_resume(path: Path) -> Path:
-    """Accept a checkpoint dir, a ``checkpoints/`` root, or a run output dir; return the checkpoint dir."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"--resume: '{path}' does not exist; pass a checkpoint dir (epoch_<E>_step_<S>) or the run's output dir")
-    for root in (path, path / "checkpoints"):
-        latest = latest_checkpoint(root)
-        if latest is not None:
-            return latest
-    return path
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
