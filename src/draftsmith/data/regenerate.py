@@ -227,10 +227,10 @@ class URLGenerator(Generator):
 
     def __init__(self, url: str, s: RegenSettings, model: Optional[str] = None, concurrency: int = 32,
                  retries: int = 3, timeout_s: float = 600.0):
-        from draftsmith.eval.online import HttpClient
+        from draftsmith.httpjson import HttpClient
 
         self.url, self.s, self.concurrency = url.rstrip("/"), s, concurrency
-        self.client = HttpClient(retries=retries, timeout_s=timeout_s)
+        self.client = HttpClient(retries=retries, timeout_s=timeout_s, error=RegenError)
         self.model = model or self.client.get_json(self.url + "/v1/models")["data"][0]["id"]
 
     def _one(self, conversation: list[dict], seed: int) -> tuple[str, int]:
