@@ -131,7 +131,7 @@ def resolve_template_kwargs(cfg: RunConfig) -> dict:
     """The chat-template kwargs to render with: ``data.chat_template_kwargs``, else those the
     ``draftsmith regenerate`` sources were made with (serving must use the same, so they are saved
     in the checkpoint's meta.json). A config that contradicts its regenerated data is refused."""
-    from draftsmith.data.regenerate import template_kwargs_of
+    from draftsmith.data.regenerated import template_kwargs_of
 
     made_with = template_kwargs_of(cfg.data.sources + cfg.data.eval_sources)  # the held-out rows render alike
     asked = cfg.data.chat_template_kwargs
