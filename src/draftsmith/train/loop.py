@@ -27,15 +27,13 @@ import torch
 
 from draftsmith import distributed as dist
 from draftsmith.config import ConfigError, RunConfig, dump_config
-from draftsmith.data.dataset import (Example, build_examples, collate, epoch_order, holdout_from_sources, length_grouped,
-                                     split_holdout)
-from draftsmith.data.formats import DataError
-from draftsmith.data.sources import iter_rows, load_conversations
+from draftsmith.data.dataset import Example, collate, epoch_order, holdout_from_sources, length_grouped, split_holdout
+from draftsmith.data.sources import iter_rows
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
 from draftsmith.drafts import family_of_config, get_family
+from draftsmith.inputs import aux_layer_ids, aux_order_note, render_examples, resolve_template_kwargs
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import (ENGINE_ORDER_WHY, ascending_layer_ids, default_layer_ids, supervision_kind,
-                                        supervision_to, validate_layer_ids)
+from draftsmith.targets.contract import ENGINE_ORDER_WHY, supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import parallel
 from draftsmith.train.optim import build_optimizer
@@ -125,61 +123,6 @@ def reachable_step(step: int, total_steps: int, max_time_s: float, elapsed: floa
     if done <= 0 or elapsed <= 0:
         return total_steps
     return min(total_steps, step + max(0, int((max_time_s - elapsed) * done / elapsed)))
-
-
-def resolve_template_kwargs(cfg: RunConfig) -> dict:
-    """The chat-template kwargs to render with: ``data.chat_template_kwargs``, else those the
-    ``draftsmith regenerate`` sources were made with (serving must use the same, so they are saved
-    in the checkpoint's meta.json). A config that contradicts its regenerated data is refused."""
-    from draftsmith.data.regenerated import template_kwargs_of
-
-    made_with = template_kwargs_of(cfg.data.sources + cfg.data.eval_sources)  # the held-out rows render alike
-    asked = cfg.data.chat_template_kwargs
-    if asked is not None and made_with is not None and asked != made_with:
-        raise ConfigError([f"'data.chat_template_kwargs' = {json.dumps(asked)} but data.sources were regenerated with "
-                           f"{json.dumps(made_with)}; drop the key (the data's kwargs are used) or regenerate the data "
-                           "with the kwargs you will serve with"])
-    return dict(asked if asked is not None else made_with or {})
-
-
-def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
-    """The target layer ids the draft of ``cfg`` reads: target.aux_layer_ids or the family's default rule,
-    in ascending order (:func:`aux_order_note` says when that reordered the user's list).
-
-    Ascending because every engine serves them so (contract.ENGINE_ORDER_WHY: vLLM sorts the ids of
-    EAGLE-3, P-EAGLE and DFlash drafts, SGLang captures in layer order): features, fc's input blocks,
-    the cache, meta.json and the exported config all follow this one list. Shared with ``draftsmith
-    cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
-    """
-    rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
-    # DFlash-family drafts read decoder-layer outputs (on disk: engine id - 1), so engine id 0 is refused
-    first = 1 if rule == "dflash" else 0
-    return ascending_layer_ids(validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count),
-                                                  num_layers, first=first))[0]
-
-
-def aux_order_note(cfg: RunConfig) -> Optional[str]:
-    """The one-line note for a ``target.aux_layer_ids`` that :func:`aux_layer_ids` reordered, else None."""
-    return ascending_layer_ids(cfg.target.aux_layer_ids)[1] if cfg.target.aux_layer_ids else None
-
-
-def render_examples(cfg: RunConfig, tokenizer: Any, held_out: bool = False) -> tuple[list[Example], Any, int]:
-    """Conversations of ``data.*`` rendered as the trainer sees them: ``(examples, data report, dropped)``.
-
-    One code path for training and ``draftsmith cache``, so cached rows are exactly the trainer's rows
-    (before the train / held-out split; both parts ask the engine). ``held_out``: the rows of
-    ``data.eval_sources`` instead (all of them: data.max_rows subsets the training sources only).
-    """
-    if held_out:
-        try:
-            convs, report = load_conversations(cfg.data.eval_sources, seed=cfg.train.seed)
-        except DataError as e:
-            raise DataError(f"data.eval_sources: {e}") from None
-    else:
-        convs, report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
-    examples, dropped = build_examples(convs, tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
-                                       template_kwargs=resolve_template_kwargs(cfg))
-    return examples, report, dropped
 
 
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
