@@ -37,6 +37,7 @@ from draftsmith.targets.contract import ENGINE_ORDER_WHY, supervision_kind, supe
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import parallel
 from draftsmith.train.optim import build_optimizer
+from draftsmith.train.schedule import Cosine, reachable_step
 
 
 @dataclass
@@ -50,34 +51,6 @@ class TrainResult:
     tokens_per_s: float
     eval: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
-
-
-class Cosine:
-    """LR factor: linear warmup to 1, then cosine down to ``min_ratio`` at step ``end``.
-
-    The end can move while training (:meth:`refit`, used to fit a time budget): the cosine's
-    progress p is re-anchored at the current step, p(s) = p_a + (1 - p_a)(s - s_a)/(end - s_a), so
-    the LR stays continuous and never rises. LambdaLR saves and restores these attributes with
-    the scheduler state, so a resume continues the same curve.
-    """
-
-    def __init__(self, warmup: int, total: int, min_ratio: float):
-        self.warmup, self.min_ratio = warmup, min_ratio
-        self.end, self.anchor_step, self.anchor_p = total, warmup, 0.0
-
-    def progress(self, step: int) -> float:
-        span = max(1, self.end - self.anchor_step)
-        return min(1.0, max(0.0, self.anchor_p + (1.0 - self.anchor_p) * (step - self.anchor_step) / span))
-
-    def __call__(self, step: int) -> float:
-        if self.warmup > 0 and step < self.warmup:
-            return (step + 1) / self.warmup
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
-
-    def refit(self, step: int, end: int) -> None:
-        """From ``step`` on, reach ``min_ratio`` at ``end`` (> step); the factor at ``step`` is unchanged."""
-        anchor = max(step, self.warmup)
-        self.anchor_p, self.anchor_step, self.end = self.progress(anchor), anchor, max(end, anchor + 1)
 
 
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: list[int]):
@@ -115,14 +88,6 @@ def remote_options(cfg: RunConfig) -> dict:
             "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
             "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file,
             "data_plane": t.remote_data_plane}
-
-
-def reachable_step(step: int, total_steps: int, max_time_s: float, elapsed: float, done: int) -> int:
-    """The step a time-bound run is expected to stop at: ``done`` steps took ``elapsed`` s in this
-    process, so the budget left buys (max_time_s - elapsed) * done / elapsed more (never past total)."""
-    if done <= 0 or elapsed <= 0:
-        return total_steps
-    return min(total_steps, step + max(0, int((max_time_s - elapsed) * done / elapsed)))
 
 
 def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
