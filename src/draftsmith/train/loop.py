@@ -6,12 +6,11 @@ features + targets/contract.py here; remote: on the servers), then the draft run
 Everything that decides the result (data order, optimizer, schedule, RNG) is restored by
 ``resume`` so a resumed run reaches the same weights as an uninterrupted one.
 
-Several ranks (torchrun; train/parallel.py wraps the draft in DDP or FSDP2): each step takes one
-*global* micro-batch of ``batch_size x ranks`` conversations from the epoch order and rank r holds
-rows ``[r*batch_size, (r+1)*batch_size)`` of it; losses are normalised by counts summed over ranks
-(drafts' LossParts) and training randomness is keyed by conversation, so N ranks x batch b reach the
-weights one rank x batch N*b does. Each rank opens its own engine; rank 0 alone writes checkpoints,
-TensorBoard and the progress bar.
+Several ranks (torchrun) are the parallel layer's business (train/parallel.py, ``self.par``), as in
+torchtitan: it wraps the draft in DDP or FSDP2 from outside, hands this rank its rows of each
+*global* micro-batch, sums losses' denominators and metrics over ranks, keeps the data position in
+the global order and runs rank-0-only I/O. The loop below reads as one process's; N ranks x batch b
+reach the weights one rank x batch N*b does. Each rank opens its own engine.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from draftsmith import distributed as dist
 from draftsmith.config import ConfigError, RunConfig, dump_config
 from draftsmith.data.dataset import Example, collate, epoch_order, holdout_from_sources, length_grouped, split_holdout
 from draftsmith.data.sources import iter_rows
@@ -90,24 +88,6 @@ def remote_options(cfg: RunConfig) -> dict:
             "data_plane": t.remote_data_plane}
 
 
-def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def rank_share(rows: list[int], batch_size: int, rank: int) -> tuple[list[int], float]:
-    """Rank ``rank``'s rows of one global micro-batch and their loss weight: rows
-    ``[rank*batch_size, (rank+1)*batch_size)``. A rank left without rows (the epoch's last, short
-    global batch) runs the first row at weight 0, so every rank joins the gradient all-reduce."""
-    mine = rows[rank * batch_size : (rank + 1) * batch_size]
-    return (mine, 1.0) if mine else (rows[:1], 0.0)
-
-
-def row_seed(seed: int, epoch: int, row: int) -> int:
-    """The seed of conversation ``row``'s training randomness in ``epoch`` (P-EAGLE's COD, DFlash's
-    anchors): a function of the conversation, not of the rank or micro-batch that holds it."""
-    return (((seed * 1_000_003) ^ (epoch * 7_919)) * 1_000_033 + row) % (2**63 - 1)
-
-
 class Trainer:
     """Holds the run state; :meth:`run` is the whole training job."""
 
@@ -115,15 +95,10 @@ class Trainer:
         self.cfg = cfg
         self.family = get_family(cfg.draft.type)  # drafts/<family>.py: model, supervision kind, metrics
         # torchrun's ranks (rank 0 of 1 without it), this rank's device, the process group (gloo / nccl)
-        self.ranks = dist.ranks_from_env()
-        self.device = dist.resolve_device(cfg.train.device, self.ranks.local_rank)
-        self.progress = progress and self.ranks.main
+        self.par = parallel.DataParallel.start(cfg.train)
+        self.device = self.par.device
+        self.progress = progress and self.par.main
         self.bf16 = cfg.train.bf16 if cfg.train.bf16 is not None else self.device.type == "cuda"
-        if self.ranks.world > 1 and cfg.train.spec_eval_every and cfg.train.parallel == "fsdp2":
-            raise ConfigError([f"'train.spec_eval_every' = {cfg.train.spec_eval_every} with train.parallel fsdp2 on "
-                               f"{self.ranks.world} ranks: the exact spec eval needs the whole draft on rank 0; set it "
-                               "to 0 and run `draftsmith eval` on the checkpoint, or use train.parallel: ddp"])
-        dist.init(self.ranks, self.device)
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         torch.manual_seed(cfg.train.seed)  # the same on every rank: every rank builds the same draft
@@ -147,15 +122,11 @@ class Trainer:
         if saved is not None:
             self._restore_draft(saved)
         # DDP / FSDP2 around the draft (one rank: the plain draft); the optimizer sees the wrapped parameters
-        self.model = parallel.wrap(self.draft, cfg.train.parallel, self.ranks.world, self.device)
+        self.model = self.par.wrap(self.draft)
         self._build_optimizer()
         if saved is not None:
             self._restore(saved)
-        self.writer = None
-        if cfg.output.tensorboard and self.ranks.main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        self.writer = self.par.writer(self.out / "tensorboard") if cfg.output.tensorboard else None  # rank 0's
 
     # ------------------------------------------------------------------ setup steps
     def _open_engine(self) -> None:
@@ -229,12 +200,9 @@ class Trainer:
         """The optimizer (train/optim.py: AdamW, or Muon + AdamW) over the trainable parameters, and the
         LR schedule over the run's optimizer steps."""
         t = self.cfg.train
-        if t.optimizer == "muon" and t.parallel == "fsdp2" and self.ranks.world > 1:
-            raise ConfigError([f"'train.optimizer' = 'muon' with train.parallel fsdp2 on {self.ranks.world} ranks: "
-                               "Muon orthogonalises whole matrices and FSDP2 shards them; use train.parallel: ddp"])
         self.optimizer = build_optimizer(self.model.named_parameters(), t)
-        self.global_batch = t.batch_size * self.ranks.world  # conversations per micro-step, all ranks together
-        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / self.global_batch) / t.grad_accum)
+        global_batch = self.par.global_batch  # conversations per micro-step, all ranks together
+        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / global_batch) / t.grad_accum)
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
@@ -242,11 +210,8 @@ class Trainer:
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
         self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
-        # batch_pos: global micro-batches done in this epoch; row_pos: conversations of the epoch order
-        # done (what a resume with another global batch continues from); group_batch: the global batch
-        # this epoch's length grouping was cut with
-        self.step, self.epoch, self.batch_pos, self.row_pos = 0, 0, 0, 0
-        self.group_batch = self.global_batch
+        self.step = 0
+        self.pos = parallel.Position(group_batch=global_batch)  # where the data order stands
         self.tokens_seen = 0  # real tokens trained on since step 0, all ranks, across resumes
 
     def _restore_draft(self, saved: dict) -> None:
@@ -290,23 +255,12 @@ class Trainer:
                 "checkpoint's optimizer (its config.yaml) or start a new run in another output.dir")
         parallel.load_optimizer(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
-        ckpt.set_rng_state(saved["rng"], self.ranks.rank)
-        n_rng = len(saved["rng"].get("ranks") or [None])
+        ckpt.set_rng_state(saved["rng"], self.par.ranks.rank)
         meta = saved["meta"]
-        self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        self.step = meta["step"]
         self.tokens_seen = meta.get("tokens_seen", 0)  # checkpoints before it was kept: counted from 0
-        # checkpoints before ranks counted micro-batches of train.batch_size on one process
-        was_batch = meta.get("global_batch") or (meta.get("data_order") or {}).get("train.batch_size", t.batch_size)
-        was_world = meta.get("world_size", 1)
-        self.row_pos = meta.get("row_pos", min(self.batch_pos * was_batch, len(self.train_set)))
-        self.group_batch = was_batch  # the rest of this epoch keeps the grouping it was cut with
-        if (was_world, was_batch) != (self.ranks.world, self.global_batch):
-            self.resume_note = (
-                f"resume: the checkpoint was cut by {was_world} rank(s), global batch {was_batch}; this run has "
-                f"{self.ranks.world} rank(s), global batch {self.global_batch}: the same global order of "
-                f"conversations continues at conversation {self.row_pos} of epoch {self.epoch}"
-                + ("" if self.ranks.world <= n_rng else f"; ranks {n_rng}..{self.ranks.world - 1} start from "
-                   "rank 0's RNG state (training draws are keyed by conversation, not by rank)"))
+        n_rng = len(saved["rng"].get("ranks") or [None])  # the ranks whose RNG states the checkpoint holds
+        self.pos, self.resume_note = self.par.resume(meta, len(self.train_set), n_rng)
         # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
         # budget re-aims the curve at total_steps from here, without a jump.
         if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
@@ -335,53 +289,23 @@ class Trainer:
             out = self.model(sup, generators)  # draft.supervised, through DDP / FSDP2 when wrapped
         return out, int(batch.attention_mask.sum())
 
-    def global_loss(self, out: Any, weight: float = 1.0) -> tuple[torch.Tensor, float]:
-        """(loss to backpropagate, loss value) of this rank's share of a global micro-batch.
-
-        One rank: the family's loss. Several: its LossParts with the denominators summed over ranks,
-        times the world size (DDP and FSDP average gradients over ranks), so the gradient equals one
-        process holding the whole global micro-batch; the value is that process's loss."""
-        if self.ranks.world == 1:
-            return out.loss, float(out.loss.detach())
-        p = out.parts
-        num, den = p.num * weight, p.den * weight
-        both = dist.all_reduce_sum(torch.cat([num.detach(), den]).float())
-        g_num, g_den = both[: num.numel()], both[num.numel() :]
-        return p.loss(den=g_den, num=num) * self.ranks.world, float(p.loss(den=g_den, num=g_num))
-
-    def reduce_sums(self, sums: dict, tokens: int) -> tuple[dict, int]:
-        """Metric sums and real tokens added over ranks (one all-reduce; unchanged for one rank)."""
-        if self.ranks.world == 1:
-            return sums, tokens
-        keys = sorted(sums)
-        flat = torch.cat([sums[k].reshape(-1).double().cpu() for k in keys] + [torch.tensor([float(tokens)], dtype=torch.float64)])
-        flat = dist.all_reduce_sum(flat)
-        out, i = {}, 0
-        for k in keys:
-            n = sums[k].numel()
-            out[k] = flat[i : i + n].reshape(sums[k].shape).to(sums[k].dtype)
-            i += n
-        return out, int(flat[-1])
-
     def row_generators(self, rows: list[int], epoch: Optional[int] = None) -> list[torch.Generator]:
         """One generator per conversation, seeded by (train.seed, epoch, conversation); ``epoch``
         defaults to the current one (held-out draws use -1: the same at every evaluation)."""
-        epoch = self.epoch if epoch is None else epoch
-        return [torch.Generator().manual_seed(row_seed(self.cfg.train.seed, epoch, i)) for i in rows]
+        epoch = self.pos.epoch if epoch is None else epoch
+        return [torch.Generator().manual_seed(parallel.row_seed(self.cfg.train.seed, epoch, i)) for i in rows]
 
     def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None,
                      weights: Optional[list[float]] = None,
                      generators: Optional[list[Optional[list[torch.Generator]]]] = None) -> dict:
         """One optimizer step over ``window`` (up to grad_accum micro-batches of this rank).
 
-        Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
-        than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
-        single batch holding its rows, not under-weighted by 1/grad_accum. ``sups`` yields the
-        window's (batch, supervision) pairs in order (from :meth:`supervise`); ``weights`` (1 or 0
-        per micro-batch, see :func:`rank_share`) and ``generators`` (per micro-batch, one per row)
-        default to 1 and None. Returns the loss, the real tokens and the family's metric sums over the
-        window, all ranks together.
-        """
+        Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer than
+        grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a single
+        batch holding its rows. ``sups`` yields the window's (batch, supervision) pairs in order
+        (:meth:`supervise`); ``weights`` (1 or 0 per micro-batch: :func:`parallel.rank_share`) and
+        ``generators`` (per micro-batch, one per row) default to 1 and None. Returns the loss, the real
+        tokens and the family's metric sums over the window, all ranks together."""
         t = self.cfg.train
         self.model.train()
         if hasattr(self.draft, "set_progress"):  # a loss schedule over optimizer steps (Domino)
@@ -393,12 +317,12 @@ class Trainer:
             with parallel.grad_sync(self.model, sync=i == len(window) - 1):
                 out, n_tok = self.forward(examples, next(sups) if sups is not None else None,
                                           generators[i] if generators is not None else None)
-                grad_loss, value = self.global_loss(out, weight)
+                grad_loss, value = self.par.loss(out, weight)
                 (grad_loss / len(window)).backward()
             tokens += n_tok if weight else 0
             loss += value / len(window)
             sums = add_sums(sums, {k: v * int(weight) for k, v in out.sums.items()})
-        sums, tokens = self.reduce_sums(sums, tokens)
+        sums, tokens = self.par.reduce(sums, tokens)
         if t.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], t.max_grad_norm)
         self.optimizer.step()
@@ -410,19 +334,19 @@ class Trainer:
     def run(self) -> TrainResult:
         from draftsmith.train.progress import TrainBar
 
-        t = self.cfg.train
+        t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
         bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
                        unit="step")
         stop = self.step >= self.total_steps
-        while self.epoch < t.epochs and not stop:
-            order = epoch_order(len(self.train_set), self.epoch, t.seed)
+        while pos.epoch < t.epochs and not stop:
+            order = epoch_order(len(self.train_set), pos.epoch, t.seed)
             if t.group_by_length:
-                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], self.group_batch)
+                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], pos.group_batch)
             # global micro-batches from where this epoch stands; this rank's share of each
-            mbs = micro_batches(order[self.row_pos :], self.global_batch)
-            shares = [rank_share(rows, t.batch_size, self.ranks.rank) for rows in mbs]
+            mbs = self.par.global_batches(order[pos.row_pos :])
+            shares = [self.par.share(rows) for rows in mbs]
             sups = self.supervise([self.train_set[i] for i in rows] for rows, _ in shares)
             done = 0  # micro-batches of mbs done
             while done < len(mbs) and not stop:
@@ -437,8 +361,7 @@ class Trainer:
                 summary = self.family.summarize(stats["sums"])
                 scalars = self.family.scalars(summary)
                 self.step += 1
-                self.row_pos += sum(len(rows) for rows in mbs[done : done + len(window)])
-                self.batch_pos += len(window)
+                pos.advance(mbs[done : done + len(window)])
                 done += len(window)
                 history.append((self.step, loss_sum))
                 elapsed = self.elapsed(start)
@@ -464,8 +387,7 @@ class Trainer:
                     self.spec_eval(summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
             if done >= len(mbs):
-                self.epoch, self.batch_pos, self.row_pos = self.epoch + 1, 0, 0
-                self.group_batch = self.global_batch
+                pos.next_epoch(self.par.global_batch)
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
@@ -475,25 +397,21 @@ class Trainer:
         last_ckpt = self.save()
         if self.writer is not None:
             self.writer.close()
-        return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
+        return TrainResult(self.out, last_ckpt, self.step, pos.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
 
     def elapsed(self, start: float) -> float:
-        """Seconds since ``start``, the largest over ranks: every rank takes the same stop and LR
-        decisions from it (a rank that stopped alone would hang the others' all-reduce)."""
+        """Seconds since ``start``; under train.max_time_s the largest over ranks, so every rank takes
+        the same stop and LR decisions (a rank that stopped alone would hang the others)."""
         elapsed = time.perf_counter() - start
-        if self.ranks.world == 1 or self.cfg.train.max_time_s is None:
-            return elapsed
-        return float(dist.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64)))
+        return self.par.slowest(elapsed) if self.cfg.train.max_time_s is not None else elapsed
 
     def spec_eval(self, simulated: Optional[float]) -> dict:
         """Real speculative decoding on held-out prompts (eval/offline.py), on rank 0 with the whole
-        draft (FSDP2 is refused at setup); other ranks wait at the next collective."""
+        draft (FSDP2 is refused at setup); the other ranks wait for it."""
         from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
 
-        result = trainer_spec_eval(self, simulated=simulated) if self.ranks.main else {}
-        dist.barrier()
-        return result
+        return self.par.on_main(lambda: trainer_spec_eval(self, simulated=simulated), default={})
 
     def describe(self) -> list[str]:
         """What setup found, printed before training by ``train`` and ``demo``: the data report
@@ -516,9 +434,7 @@ class Trainer:
             lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
         else:
             lines.append(f"budget: {steps}{start}")
-        how = f"{t.parallel}, {'nccl' if self.device.type == 'cuda' else 'gloo'}, " if self.ranks.world > 1 else ""
-        lines.append(f"batch: {self.ranks.world} rank(s) x batch {t.batch_size} x grad_accum {t.grad_accum} = global batch "
-                     f"{self.global_batch * t.grad_accum} ({how}device {self.device}, bf16 {'on' if self.bf16 else 'off'})")
+        lines.append(self.par.describe(t.grad_accum, self.bf16))
         if self.resume_note:
             lines.append(self.resume_note)
         return lines
@@ -548,9 +464,8 @@ class Trainer:
         self.model.eval()
         t = self.cfg.train
         sums, loss_sum, n = None, 0.0, 0
-        starts = list(range(0, len(self.eval_set), self.global_batch))[: t.eval_max_batches]
-        shares = [rank_share(list(range(i, min(i + self.global_batch, len(self.eval_set)))), t.batch_size, self.ranks.rank)
-                  for i in starts]
+        batches = self.par.global_batches(list(range(len(self.eval_set))))[: t.eval_max_batches]
+        shares = [self.par.share(rows) for rows in batches]
         if not shares:  # train.eval_max_batches: 0
             return {}
         micro = [[self.eval_set[i] for i in rows] for rows, _ in shares]
@@ -559,9 +474,9 @@ class Trainer:
             # whatever the batch or the number of ranks
             out, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
             sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
-            loss_sum += self.global_loss(out, weight)[1]
+            loss_sum += self.par.loss(out, weight)[1]
             n += 1
-        sums, _ = self.reduce_sums(sums, 0)
+        sums, _ = self.par.reduce(sums, 0)
         metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
         if self.held_out_coverage is not None:  # the whole split's, next to metrics that count its misses
             metrics["draft_vocab_coverage"] = self.held_out_coverage
@@ -576,16 +491,11 @@ class Trainer:
         """A checkpoint of the whole run: every rank gathers (FSDP2 shards, RNG states), rank 0 writes,
         all wait for the write, so no rank runs ahead of a checkpoint that may yet fail."""
         model_state, optim_state = parallel.full_state(self.model, self.draft, self.optimizer)
-        rng_states = dist.all_gather_objects(ckpt.rng_state())
+        rng_states = self.par.all_gather(ckpt.rng_state())
         vocab = {"draft_ids": self.vocab.draft_ids.to(torch.int64), "d2t": self.vocab.d2t.to(torch.int64),
                  "t2d": self.vocab.t2d.to(torch.bool)}
         meta = {
-            "data_epoch": self.epoch,  # where the data order resumes: (epoch, conversations done in it)
-            "row_pos": self.row_pos,
-            "batch_pos": self.batch_pos,  # global micro-batches done in the epoch
-            "global_batch": self.global_batch,  # the batch the rest of the epoch is grouped with (group_by_length)
-            "world_size": self.ranks.world,
-            "parallel": self.cfg.train.parallel if self.ranks.world > 1 else None,
+            **self.par.position_meta(self.pos),  # where the data order resumes, whatever the ranks then
             "data_order": self.data_order(),
             "total_steps": self.total_steps,
             "tokens_seen": self.tokens_seen,  # x of a tau-vs-training-tokens curve (bench/tau_curve.py)
@@ -599,21 +509,17 @@ class Trainer:
         }
         if hasattr(self.family, "checkpoint_meta"):  # the family's own facts (DFlash: block size, mask token, ids)
             meta.update(self.family.checkpoint_meta(self.draft))
-        # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
-        name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
-        if self.ranks.main:
-            path = ckpt.save_checkpoint(
-                self.ckpt_root, name_epoch, self.step,
-                model_state=model_state,
-                model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
-                vocab=vocab,
-                optim_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
-                meta=meta,
-                run_config_yaml=dump_config(self.cfg),
-                rng_states=rng_states,
-            )
-        dist.barrier()
-        return self.ckpt_root / ckpt.checkpoint_name(name_epoch, self.step) if not self.ranks.main else path
+        self.par.on_main(lambda: ckpt.save_checkpoint(
+            self.ckpt_root, self.pos.name_epoch, self.step,
+            model_state=model_state,
+            model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
+            vocab=vocab,
+            optim_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
+            meta=meta,
+            run_config_yaml=dump_config(self.cfg),
+            rng_states=rng_states,
+        ))
+        return self.ckpt_root / ckpt.checkpoint_name(self.pos.name_epoch, self.step)
 
 
 def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
@@ -622,11 +528,11 @@ def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool
     the setup summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
-        if announce and trainer.ranks.main:
+        if announce and trainer.par.main:
             note = aux_order_note(cfg)  # the ids in meta.json and the export differ from the config's: say why
             for line in ([note] if note else []) + trainer.describe():
                 announce(line)
         return trainer.run()
     finally:
         trainer.engine.close()
-        dist.shutdown()
+        trainer.par.close()
