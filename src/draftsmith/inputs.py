@@ -2,16 +2,19 @@
 
 The trainer (train/loop.py) and ``draftsmith cache`` (cache/build.py) must agree on both -- a cache
 holds exactly the rows and layer ids training will ask for -- so both sit above this module and take
-them from here, rather than the cache reaching into the trainer.
+them from here, rather than the cache reaching into the trainer. The trainer's train / held-out
+split (:func:`split_rows`) and its engine options (:func:`engine_options`) are here too, beside
+the rows they start from.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from draftsmith.config import ConfigError, RunConfig
-from draftsmith.data.dataset import Example, build_examples
+from draftsmith.data.dataset import Example, build_examples, holdout_from_sources, split_holdout
 from draftsmith.data.formats import DataError
 from draftsmith.data.regenerated import template_kwargs_of
 from draftsmith.data.sources import load_conversations
@@ -71,3 +74,46 @@ def render_examples(cfg: RunConfig, tokenizer: Any, held_out: bool = False) -> t
                                        template_kwargs=resolve_template_kwargs(cfg))
     return examples, report, dropped
 
+
+@dataclass
+class Rows:
+    """The trainer's rows: the train and held-out splits, the data report of ``data.sources``, the
+    conversations dropped (no assistant token within data.max_length) and where the held-out came from."""
+
+    train: list[Example]
+    held_out: list[Example]
+    report: Any
+    dropped: int
+    held_out_from: str
+
+
+def split_rows(cfg: RunConfig, tokenizer: Any) -> Rows:
+    """Conversations -> rendered examples -> train / held-out split: ``data.eval_sources`` when given
+    (the metric then tracks text unlike the training rows), else ``data.eval_size`` of data.sources."""
+    examples, report, dropped = render_examples(cfg, tokenizer)
+    eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
+    if cfg.data.eval_sources:
+        held, _, held_dropped = render_examples(cfg, tokenizer, held_out=True)
+        train, held_out, in_train = holdout_from_sources(examples, held)
+        return Rows(train, held_out, report, dropped,
+                    f"held-out from data.eval_sources {cfg.data.eval_sources}"
+                    + (f", {in_train} also in data.sources left out" if in_train else "")
+                    + (f", {held_dropped} without an assistant token dropped" if held_dropped else ""))
+    train, held_out = split_holdout(examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed)
+    return Rows(train, held_out, report, dropped, f"held-out: data.eval_size={eval_size:g} of data.sources")
+
+
+def engine_options(cfg: RunConfig) -> dict:
+    """The :func:`draftsmith.targets.open_engine` keyword arguments ``target.*`` asks for besides the
+    path, dtype and device: ``engine_kwargs``, the remote engine's options (its
+    draftsmith.remote.client.RemoteEngine arguments), the cache engine's dir."""
+    t = cfg.target
+    options = {"engine_kwargs": t.engine_kwargs} if t.engine_kwargs else {}
+    if t.engine == "remote":
+        options.update(urls=t.remote_urls, prefetch_depth=t.prefetch_depth, timeout_s=t.remote_timeout_s,
+                       retries=t.remote_retries, backoff_s=t.remote_backoff_s,
+                       health_interval_s=t.remote_health_interval_s, auth_token_file=t.remote_auth_token_file,
+                       data_plane=t.remote_data_plane)
+    if t.engine == "cache":
+        options["cache_dir"] = t.cache_dir
+    return options

@@ -37,6 +37,8 @@ import torch
 # checkpoint API (write, read, find) is one import for the trainer and its tests.
 from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, checkpoint_name, latest_checkpoint,  # noqa: F401
                                resolve_resume)
+from draftsmith.drafts import family_of_config
+from draftsmith.targets.contract import ENGINE_ORDER_WHY
 from draftsmith.weights import CheckpointError, read_tensors  # noqa: F401  (CheckpointError is re-exported)
 
 
@@ -150,6 +152,64 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             "resume from another checkpoint"
         ) from None
     return {"model_state": model_state, "vocab": vocab, "config": config, "meta": meta, "optim": optim, "rng": rng}
+
+
+def check_family(saved: dict, where: Path, draft_type: str) -> None:
+    """Refuse to resume a checkpoint of another family than ``draft_type`` (before any heavy work)."""
+    # meta.json names the family; a checkpoint older than that field is classified by its config.json
+    was_type = saved["meta"].get("draft_type") or family_of_config(saved["config"])
+    if was_type != draft_type:
+        raise CheckpointError(f"{where}: a {was_type} checkpoint cannot resume a draft.type "
+                              f"{draft_type} run; set draft.type: {was_type} or start a new output.dir")
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """A config.json dict with nested dicts flattened to dotted keys (``dflash_config.mask_token_id``)."""
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resumable(saved: dict, where: Path, data_order: dict, draft_config: dict, optimizer: str) -> None:
+    """Refuse a checkpoint (``saved``, from :func:`load_checkpoint` of ``where``) this run cannot
+    continue: another data order (``data_order``: what fixes it now), aux ids trained in an order the
+    engines do not serve, a draft config (``draft_config``: this run's export config) that differs
+    from the one its weights were trained as, or another ``train.optimizer`` (``optimizer``)."""
+    # row_pos indexes this epoch's order: it must be the order the checkpoint was cut from. The
+    # global batch may change (another number of ranks): the order of conversations stays.
+    was, now = saved["meta"].get("data_order"), data_order
+    if was is not None and any(was.get(k) != now[k] for k in now):
+        diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
+        raise CheckpointError(
+            f"{where}: the data order changed since this checkpoint ({diff}); resume with the "
+            f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
+    was_ids = saved["meta"].get("aux_layer_ids")
+    if was_ids and list(was_ids) != sorted(was_ids):  # trained before aux ids were sorted: fc's blocks differ
+        raise CheckpointError(
+            f"{where}: trained with aux layer ids {list(was_ids)} in that order, and runs now train "
+            f"them ascending ({ENGINE_ORDER_WHY}); serve or export it as it is (`draftsmith export` reorders its "
+            "fc for the engines) or start a new run in another output.dir")
+    # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
+    # one the weights were trained as: a changed value would load and train on silently.
+    # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
+    was_cfg = flat_config(saved["config"])
+    now_cfg = flat_config(json.loads(json.dumps(draft_config)))
+    changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
+               if was_cfg.get(k) != now_cfg.get(k)]
+    if changed:
+        raise CheckpointError(
+            f"{where}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
+            "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
+    state, muon = saved["optim"]["optimizer"], optimizer == "muon"
+    if isinstance(state, dict) and ("parts" in state) != muon:  # one run's optimizer state under another
+        raise CheckpointError(
+            f"{where}: the checkpoint was trained with train.optimizer: {'adamw' if muon else 'muon'}, this run "
+            f"asks for {optimizer}; resume with the checkpoint's optimizer (its config.yaml) or start a new run in "
+            "another output.dir")
 
 
 def _old_numpy_rng_globals() -> list:

@@ -15,7 +15,6 @@ reach the weights one rank x batch N*b does. Each rank opens its own engine.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,21 +24,24 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 from draftsmith.config import ConfigError, RunConfig, dump_config
-from draftsmith.data.dataset import Example, collate, epoch_order, holdout_from_sources, length_grouped, split_holdout
+from draftsmith.data.dataset import Example, collate, epoch_order, length_grouped
 from draftsmith.data.sources import iter_rows
-from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
-from draftsmith.drafts import family_of_config, get_family
-from draftsmith.inputs import aux_layer_ids, aux_order_note, render_examples, resolve_template_kwargs
+from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for, held_out_coverage
+from draftsmith.drafts import get_family
+from draftsmith.inputs import aux_layer_ids, aux_order_note, engine_options, resolve_template_kwargs, split_rows
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import ENGINE_ORDER_WHY, supervision_kind, supervision_to
+from draftsmith.targets.contract import supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import parallel
 from draftsmith.train.optim import build_optimizer
+from draftsmith.train.progress import TrainBar, setup_lines
 from draftsmith.train.schedule import Cosine, reachable_step
 
 
 @dataclass
 class TrainResult:
+    """What :func:`train` returns: where the run wrote, how far it got, its speed and final metrics."""
+
     output_dir: Path
     checkpoint: Optional[Path]
     step: int
@@ -63,29 +65,9 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: li
     return family.Model(config)
 
 
-def flat_config(config: dict, prefix: str = "") -> dict:
-    """A config.json dict with nested dicts flattened to dotted keys (``dflash_config.mask_token_id``)."""
-    out = {}
-    for k, v in config.items():
-        if isinstance(v, dict) and v:
-            out.update(flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def add_sums(total: Optional[dict], sums: dict) -> dict:
     """Element-wise sum of two metric-sum dicts (``total`` None = start from ``sums``)."""
     return dict(sums) if total is None else {k: total[k] + v for k, v in sums.items()}
-
-
-def remote_options(cfg: RunConfig) -> dict:
-    """Keyword arguments of the remote engine (draftsmith.remote.client.RemoteEngine) from target.*."""
-    t = cfg.target
-    return {"urls": t.remote_urls, "prefetch_depth": t.prefetch_depth, "timeout_s": t.remote_timeout_s,
-            "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
-            "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file,
-            "data_plane": t.remote_data_plane}
 
 
 class Trainer:
@@ -106,11 +88,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(self.resumed_from) if self.resumed_from else None  # fail before heavy work
-        # meta.json names the family; a checkpoint older than that field is classified by its config.json
-        was_type = (saved["meta"].get("draft_type") or family_of_config(saved["config"])) if saved else cfg.draft.type
-        if was_type != cfg.draft.type:
-            raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
-                                       f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
+        if saved is not None:
+            ckpt.check_family(saved, self.resumed_from, cfg.draft.type)
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
         for spec in cfg.data.sources + cfg.data.eval_sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
@@ -119,8 +98,10 @@ class Trainer:
         self._build_vocab(saved)
         self._build_draft()
         self.resume_note = None
-        if saved is not None:
-            self._restore_draft(saved)
+        if saved is not None:  # the weights, once the data order and the draft's config are checked against this run
+            ckpt.check_resumable(saved, self.resumed_from, self.data_order(),
+                                 self.draft.export_config(self.aux_ids, "float32"), cfg.train.optimizer)
+            self.draft.load_state_dict(saved["model_state"])
         # DDP / FSDP2 around the draft (one rank: the plain draft); the optimizer sees the wrapped parameters
         self.model = self.par.wrap(self.draft)
         self._build_optimizer()
@@ -138,31 +119,18 @@ class Trainer:
         cfg = self.cfg
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype, device=str(self.device),
-                                  **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
-                                  **(remote_options(cfg) if cfg.target.engine == "remote" else {}),
-                                  **({"cache_dir": cfg.target.cache_dir} if cfg.target.engine == "cache" else {}))
+                                  **engine_options(cfg))
         self.info = self.engine.info()
         self.aux_ids = aux_layer_ids(cfg, self.info.num_layers)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def _load_data(self) -> None:
-        """Conversations -> rendered examples -> train / held-out split."""
-        cfg = self.cfg
-        self.template_kwargs = resolve_template_kwargs(cfg)
-        examples, self.data_report, self.dropped = render_examples(cfg, self.tokenizer)
-        eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
-        if cfg.data.eval_sources:  # held out from other sources: the metric tracks text unlike the training rows
-            held, _, held_dropped = render_examples(cfg, self.tokenizer, held_out=True)
-            self.train_set, self.eval_set, in_train = holdout_from_sources(examples, held)
-            self.held_out_from = (f"held-out from data.eval_sources {cfg.data.eval_sources}"
-                                  + (f", {in_train} also in data.sources left out" if in_train else "")
-                                  + (f", {held_dropped} without an assistant token dropped" if held_dropped else ""))
-        else:
-            self.train_set, self.eval_set = split_holdout(
-                examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
-            )
-            self.held_out_from = f"held-out: data.eval_size={eval_size:g} of data.sources"
+        """Conversations -> rendered examples -> train / held-out split (draftsmith/inputs.py)."""
+        self.template_kwargs = resolve_template_kwargs(self.cfg)  # saved in meta.json: serving renders alike
+        rows = split_rows(self.cfg, self.tokenizer)
+        self.train_set, self.eval_set, self.data_report, self.dropped = rows.train, rows.held_out, rows.report, rows.dropped
+        self.held_out_from = rows.held_out_from
 
     def _build_vocab(self, saved: Optional[dict]) -> None:
         """The draft vocab (the checkpoint's on resume), told to the engine: a remote one computes
@@ -180,13 +148,8 @@ class Trainer:
             self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
         self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
         self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
-        # The vocab is chosen on the train split, so its coverage there flatters it: the share of the
-        # held-out split's loss-mask tokens inside the draft vocab is what text the draft was not
-        # chosen on looks like (every other one is a certain miss). None without a held-out split.
-        from draftsmith.drafts import vocab as vocab_math
-
-        counts = vocab_math.token_counts(((ex.input_ids, ex.loss_mask) for ex in self.eval_set), self.info.vocab_size)
-        self.held_out_coverage = vocab_math.coverage(counts, self.vocab.draft_ids) if int(counts.sum()) else None
+        # the train split's coverage flatters the vocab chosen on it: the held-out split's is reported beside it
+        self.held_out_coverage = held_out_coverage(self.eval_set, self.vocab.draft_ids, self.info.vocab_size)
 
     def _build_draft(self) -> None:
         """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
@@ -214,46 +177,10 @@ class Trainer:
         self.pos = parallel.Position(group_batch=global_batch)  # where the data order stands
         self.tokens_seen = 0  # real tokens trained on since step 0, all ranks, across resumes
 
-    def _restore_draft(self, saved: dict) -> None:
-        """The draft's weights from a checkpoint (before any wrapping), once its data order and config
-        are checked against this run."""
-        # row_pos indexes this epoch's order: it must be the order the checkpoint was cut from. The
-        # global batch may change (another number of ranks): the order of conversations stays.
-        was, now = saved["meta"].get("data_order"), self.data_order()
-        if was is not None and any(was.get(k) != now[k] for k in now):
-            diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
-                f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
-        was_ids = saved["meta"].get("aux_layer_ids")
-        if was_ids and list(was_ids) != sorted(was_ids):  # trained before aux ids were sorted: fc's blocks differ
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: trained with aux layer ids {list(was_ids)} in that order, and runs now train "
-                f"them ascending ({ENGINE_ORDER_WHY}); serve or export it as it is (`draftsmith export` reorders its "
-                "fc for the engines) or start a new run in another output.dir")
-        # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
-        # one the weights were trained as: a changed value would load and train on silently.
-        # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
-        was_cfg = flat_config(saved["config"])
-        now_cfg = flat_config(json.loads(json.dumps(self.draft.export_config(self.aux_ids, "float32"))))
-        changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
-                   if was_cfg.get(k) != now_cfg.get(k)]
-        if changed:
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
-                "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
-        self.draft.load_state_dict(saved["model_state"])
-
     def _restore(self, saved: dict) -> None:
         """Optimizer, scheduler, this rank's RNG and the data position from a checkpoint."""
         t = self.cfg.train
-        state, muon = saved["optim"]["optimizer"], self.cfg.train.optimizer == "muon"
-        if isinstance(state, dict) and ("parts" in state) != muon:  # one run's optimizer state under another
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the checkpoint was trained with train.optimizer: "
-                f"{'adamw' if muon else 'muon'}, this run asks for {self.cfg.train.optimizer}; resume with the "
-                "checkpoint's optimizer (its config.yaml) or start a new run in another output.dir")
-        parallel.load_optimizer(self.model, self.optimizer, state)
+        parallel.load_optimizer(self.model, self.optimizer, saved["optim"]["optimizer"])  # kind checked at setup
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
         ckpt.set_rng_state(saved["rng"], self.par.ranks.rank)
         meta = saved["meta"]
@@ -332,8 +259,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
-        from draftsmith.train.progress import TrainBar
-
+        """The whole training job from where setup left it: the loop, then a final eval and save."""
         t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
@@ -414,30 +340,8 @@ class Trainer:
         return self.par.on_main(lambda: trainer_spec_eval(self, simulated=simulated), default={})
 
     def describe(self) -> list[str]:
-        """What setup found, printed before training by ``train`` and ``demo``: the data report
-        (rows kept, bad rows by reason), the split, the draft vocab, the aux layers and the budget."""
-        t = self.cfg.train
-        n_convs = len(self.train_set) + len(self.eval_set) + self.dropped
-        lines = [self.data_report.summary()]
-        lines += [f"data: first {kind!r}: {msg}" for kind, msg in list(self.data_report.first_errors.items())[:3]]
-        if self.dropped:
-            lines.append(f"data: {self.dropped} of {n_convs} conversations dropped (no assistant token within "
-                         f"data.max_length={self.cfg.data.max_length})")
-        lines.append(f"setup: {len(self.train_set)} train / {len(self.eval_set)} held-out conversations, draft vocab "
-                     f"{self.vocab.draft_ids.numel()} of {self.info.vocab_size} (coverage {self.vocab.coverage:.3f} train"
-                     + (f", {self.held_out_coverage:.3f} held-out" if self.held_out_coverage is not None else "") + "), "
-                     f"aux layers {self.aux_ids}; {self.held_out_from}")
-        steps = (f"{self.total_steps} steps ({self.steps_per_epoch}/epoch x {t.epochs} epochs"
-                 + (f", capped by train.max_steps={t.max_steps})" if t.max_steps is not None else ")"))
-        start = f" from step {self.step}" if self.step else ""
-        if t.max_time_s is not None:
-            lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
-        else:
-            lines.append(f"budget: {steps}{start}")
-        lines.append(self.par.describe(t.grad_accum, self.bf16))
-        if self.resume_note:
-            lines.append(self.resume_note)
-        return lines
+        """What setup found, printed before training by ``train`` and ``demo`` (:func:`progress.setup_lines`)."""
+        return setup_lines(self)
 
     def data_order(self) -> dict:
         """What fixes the order of micro-batches (checked on resume)."""
