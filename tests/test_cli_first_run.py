@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.config import CHOICES
-from draftsmith.train.loop import reachable_step
+from draftsmith.train.schedule import reachable_step
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

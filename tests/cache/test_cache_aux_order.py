@@ -36,10 +36,10 @@ def test_a_cache_built_in_the_listed_order_is_read_by_id(tiny, tmp_path, monkeyp
     target, data = tiny
     cfg = config(target, data, tmp_path / "run")
     cfg.target.aux_layer_ids = [1, 0]
-    import draftsmith.train.loop as loop
+    import draftsmith.inputs as inputs  # where the cache build takes the ids from
 
     with monkeypatch.context() as mp:  # the build as it was before ids were sorted: [1, 0] as listed
-        mp.setattr(loop, "aux_layer_ids", lambda cfg, L: list(cfg.target.aux_layer_ids))
+        mp.setattr(inputs, "aux_layer_ids", lambda cfg, L: list(cfg.target.aux_layer_ids))
         old = build_cache(cfg, tmp_path / "old", batch_size=2, progress=False, log=lambda s: None)
     assert old["aux_layer_ids"] == [1, 0]
     tr = Trainer(config(target, data, tmp_path / "run"), progress=False)

@@ -175,7 +175,8 @@ class Echo:
 
 
 def test_regenerate_keeps_categories_and_counts_them_in_the_manifest(target, tmp_path):
-    from draftsmith.data.regenerate import RegenSettings, regenerate, shard_rows
+    from draftsmith.data.regenerate import RegenSettings, regenerate
+    from draftsmith.data.regenerated import shard_rows
     from draftsmith.eval.prompts import load_prompts
 
     spec = "builtin:mix?total=0&math=3&reasoning=2&multi_turn=2&seed=5"

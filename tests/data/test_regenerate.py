@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.data.regenerate import (RegenError, RegenMismatch, RegenSettings, prompt_segments, regenerate, shard_rows,
-                                        template_kwargs_of)
+from draftsmith.data.regenerate import RegenError, RegenMismatch, RegenSettings, prompt_segments, regenerate
+from draftsmith.data.regenerated import shard_rows, template_kwargs_of
 from draftsmith.data.sources import load_conversations
 from fixtures import make_tiny_llama, write_jsonl
 

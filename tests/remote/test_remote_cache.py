@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "cache"))
 from cache_helpers import AUX, config, tiny_setup  # noqa: E402
 from draftsmith.cache.build import build_cache  # noqa: E402
 from draftsmith.data.dataset import collate  # noqa: E402
+from draftsmith.inputs import render_examples  # noqa: E402
 from draftsmith.remote.client import RemoteEngine  # noqa: E402
 from draftsmith.targets import open_engine  # noqa: E402
-from draftsmith.train.loop import render_examples  # noqa: E402
 from remote_helpers import ServerProc  # noqa: E402
 
 

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from draftsmith.config import build_config
 from draftsmith.train.checkpoint import latest_checkpoint, load_checkpoint
-from draftsmith.train.loop import rank_share, row_seed, train
+from draftsmith.train.loop import train
+from draftsmith.train.parallel import rank_share, row_seed
 from fixtures import make_tiny_llama, make_tokenizer
 from test_loop import write_chats
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from draftsmith.config import build_config
+from draftsmith.inputs import aux_layer_ids, aux_order_note
 from draftsmith.remote.server import TargetService
 from draftsmith.targets import TargetInfo
 from draftsmith.train.checkpoint import CheckpointError
-from draftsmith.train.loop import Trainer, aux_layer_ids, aux_order_note, train
+from draftsmith.train.loop import Trainer, train
 from fixtures import make_tiny_llama, make_tokenizer, write_chats
 
 NOTE = "target.aux_layer_ids [4, 1, 3] sorted to [1, 3, 4]: vLLM and SGLang read aux states in ascending layer order"

@@ -1,7 +1,7 @@
 """``draftsmith cache``: run the target once over the trainer's rows and store their features.
 
 The rows are exactly the ones :class:`~draftsmith.train.loop.Trainer` builds (same
-:func:`~draftsmith.train.loop.render_examples`, train and held-out alike: trainer eval asks the
+:func:`~draftsmith.inputs.render_examples`, train and held-out alike: trainer eval asks the
 engine too), deduplicated by token content and cut into shards of ``shard_rows`` rows in example
 order. A shard's rows run through the engine in batches that never cross a shard boundary, so a
 build resumed after a kill (it checks each shard file and writes only the missing ones) writes the
@@ -176,7 +176,7 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out_dir)
     job = _job(cfg, name, shard_rows, batch_size or cfg.train.batch_size)
-    from draftsmith.train.loop import aux_order_note
+    from draftsmith.inputs import aux_order_note
 
     if note := aux_order_note(cfg):  # the manifest holds the ids ascending, as training reads them
         log(f"cache: {note}")
@@ -225,7 +225,7 @@ def _job(cfg, name: str, shard_rows: int, batch_size: int) -> _Job:
     from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.models import resolve_target
-    from draftsmith.train.loop import aux_layer_ids, render_examples
+    from draftsmith.inputs import aux_layer_ids, render_examples
 
     target_path = resolve_target(cfg.target.path)
     text_cfg = AutoConfig.from_pretrained(target_path, local_files_only=True).get_text_config()

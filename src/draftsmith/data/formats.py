@@ -42,7 +42,7 @@ ROLE_ALIASES: dict[str, str] = {
 }
 
 
-def _content_text(content: Any, where: str) -> str:
+def content_text(content: Any, where: str) -> str:
     """A message's content as one string (list-of-parts content is joined)."""
     if isinstance(content, str):
         return content
@@ -108,7 +108,7 @@ def normalize_conversation(row: dict, require_assistant: bool = True) -> list[di
                 f"{where}: unknown role {raw_role!r}; expected one of {sorted(ROLE_ALIASES)}",
                 kind="unknown role",
             )
-        messages.append({"role": role, "content": _content_text(content, where)})
+        messages.append({"role": role, "content": content_text(content, where)})
 
     if messages and messages[0]["role"] == "assistant":
         messages = messages[1:]

@@ -23,7 +23,7 @@ Output ``DIR``: ``shard-NNNNNN.jsonl`` (OpenAI ``messages`` rows, ``shard_size``
 written whole with tmp + ``os.replace``; each row keeps its ``source`` and, where the source gave one
 (the built-in prompt corpora, ``builtin:mix``), its ``category``) and ``manifest.json`` (target
 fingerprint, sampling settings, template kwargs, source fingerprint, counts, also per source and per
-category). A rerun (after kill -9 too) keeps the
+category; :mod:`draftsmith.data.regenerated` reads the dir back). A rerun (after kill -9 too) keeps the
 finished shards and redoes only the rest; sampling is seeded per (conversation, turn), so the file
 set equals an uninterrupted run. A changed setting refuses to resume, naming it. Under torchrun the
 ranks split the shards (shard i: rank i % N) and rank 0 merges one manifest (:mod:`draftsmith.ranked`).
@@ -41,21 +41,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from draftsmith import ranked
-from draftsmith.cache.store import target_fingerprint, write_atomic
-from draftsmith.data.formats import DataError
+from draftsmith.cache.store import target_fingerprint
+# the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
+from draftsmith.data.regenerated import (FORMAT, MANIFEST, VERSION, RegenError, RegenMismatch,  # noqa: F401
+                                         check_resume, finish, read_manifest, shard_name, write_text_atomic)
 
-MANIFEST = "manifest.json"
-FORMAT = "draftsmith.regenerated"
-VERSION = 1
 ENGINES = ("vllm", "hf", "url")
-
-
-class RegenError(DataError):
-    """Bad regeneration input or a resume that does not match what the output dir was written with."""
-
-
-class RegenMismatch(RegenError):
-    """The output dir was regenerated with other settings (or by another version's fingerprinting)."""
 
 
 @dataclass
@@ -227,10 +218,10 @@ class URLGenerator(Generator):
 
     def __init__(self, url: str, s: RegenSettings, model: Optional[str] = None, concurrency: int = 32,
                  retries: int = 3, timeout_s: float = 600.0):
-        from draftsmith.eval.online import HttpClient
+        from draftsmith.httpjson import HttpClient
 
         self.url, self.s, self.concurrency = url.rstrip("/"), s, concurrency
-        self.client = HttpClient(retries=retries, timeout_s=timeout_s)
+        self.client = HttpClient(retries=retries, timeout_s=timeout_s, error=RegenError)
         self.model = model or self.client.get_json(self.url + "/v1/models")["data"][0]["id"]
 
     def _one(self, conversation: list[dict], seed: int) -> tuple[str, int]:
@@ -249,49 +240,6 @@ class URLGenerator(Generator):
     def generate(self, conversations: list[list[dict]], seeds: list[int]) -> list[tuple[str, int]]:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             return list(pool.map(self._one, conversations, seeds))
-
-
-# ------------------------------------------------------------------------------ output dir
-def _write_atomic(path: Path, text: str) -> None:
-    write_atomic(path, text.encode("utf-8"))  # tmp + fsync + os.replace, as the feature cache writes
-
-
-def shard_name(index: int) -> str:
-    return f"shard-{index:06d}.jsonl"
-
-
-def read_manifest(out: Path) -> Optional[dict]:
-    """The manifest of a regenerated dir, or None when ``out`` has none."""
-    path = Path(out) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        m = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RegenError(f"{path}: not valid JSON ({e}); delete the dir or pick another --out") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise RegenError(f"{path}: not a draftsmith regenerate manifest; pick another --out")
-    return m
-
-
-def regenerated_manifest(path: str | os.PathLike) -> Optional[dict]:
-    """The manifest when ``path`` is a ``draftsmith regenerate`` output dir, else None."""
-    f = Path(path) / MANIFEST
-    if not f.is_file():
-        return None
-    try:
-        m = json.loads(f.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return m if isinstance(m, dict) and m.get("format") == FORMAT else None
-
-
-def _check_resume(path: Path, was: dict, now: dict) -> None:
-    changed = [f"{k} {json.dumps(was.get(k))} -> {json.dumps(now.get(k))}" for k in sorted(set(was) | set(now))
-               if was.get(k) != now.get(k)]
-    if changed:
-        raise RegenMismatch(f"{path}: this dir was regenerated with other settings ({'; '.join(changed[:4])}); rerun with "
-                         "its settings to resume, or pick another --out")
 
 
 @dataclass
@@ -405,11 +353,11 @@ def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> 
         stale.unlink()
     manifest = read_manifest(out)
     if manifest is not None:
-        _check_resume(out / MANIFEST, manifest["settings"], settings_now)
+        check_resume(out / MANIFEST, manifest["settings"], settings_now)
     else:
         manifest = {"format": FORMAT, "version": VERSION, "settings": settings_now,
                     "chat_template_kwargs": s.chat_template_kwargs, "counts": {}, "complete": False}
-        _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest, [i for i in range(n_shards) if (out / shard_name(i)).is_file()]
 
 
@@ -441,7 +389,7 @@ def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], 
 
             lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round,
                                               tags[index * s.shard_size:(index + 1) * s.shard_size] if tags else None)
-            _write_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
+            write_text_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
             new_tokens += tokens
             bar.update(len(rows))
             bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t_gen, 1e-9):.0f}")
@@ -460,34 +408,6 @@ def _merge(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> dict
                              "redo it")
     finish(out, manifest, n_shards, extra_counts)
     return manifest
-
-
-def shard_rows(path: Path) -> list[dict]:
-    """The rows of one shard. Lines end at "\\n" only: text may hold U+2028 and other characters
-    that ``str.splitlines`` would also split at (json.dumps leaves them raw with ensure_ascii=False)."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
-
-
-def finish(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> None:
-    """Count what the shards hold and mark the manifest complete (written atomically, last)."""
-    rows_total, turns, chars = 0, 0, 0
-    by_source: dict[str, int] = {}
-    by_category: dict[str, int] = {}
-    for i in range(n_shards):
-        for row in shard_rows(out / shard_name(i)):
-            rows_total += 1
-            turns += sum(m["role"] == "assistant" for m in row["messages"])
-            chars += sum(len(m["content"]) for m in row["messages"] if m["role"] == "assistant")
-            # what the dir holds, per source and per category (rows written before rows carried tags: "unknown")
-            source, category = str(row.get("source", "unknown")), str(row.get("category", "uncategorized"))
-            by_source[source] = by_source.get(source, 0) + 1
-            by_category[category] = by_category.get(category, 0) + 1
-    manifest["counts"] = {"conversations": rows_total, "assistant_turns": turns, "assistant_chars": chars,
-                          "shards": n_shards, **extra_counts, "sources": dict(sorted(by_source.items())),
-                          "categories": dict(sorted(by_category.items()))}
-    manifest["shards"] = [shard_name(i) for i in range(n_shards)]
-    manifest["complete"] = True
-    _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dict]]]], first: int,
@@ -522,20 +442,3 @@ def _regenerate_shard(gen: Generator, rows: list[tuple[list[dict], list[list[dic
             tag = tags[i] if tags else {}
             lines.append(json.dumps({"id": f"regen-{first + i}", **tag, "messages": conv}, ensure_ascii=False) + "\n")
     return lines, tokens
-
-
-def template_kwargs_of(specs: Sequence[str]) -> Optional[dict]:
-    """The chat-template kwargs the regenerated dirs among ``specs`` were made with (None when no spec
-    is one). Dirs made with different kwargs cannot train one draft: that is a :class:`RegenError`."""
-    found: dict[str, dict] = {}
-    for spec in specs:
-        p = Path(str(spec)).expanduser()
-        m = regenerated_manifest(p) if p.is_dir() else None
-        if m is not None:
-            found[str(p)] = dict(m.get("chat_template_kwargs") or {})
-    kinds = {json.dumps(v, sort_keys=True) for v in found.values()}
-    if len(kinds) > 1:
-        detail = "; ".join(f"{k}: {json.dumps(v)}" for k, v in found.items())
-        raise RegenError(f"data.sources: regenerated with different chat-template kwargs ({detail}); train on dirs "
-                         "made with the same kwargs (the ones you will serve with)")
-    return next(iter(found.values())) if found else None

@@ -284,7 +284,7 @@ def iter_rows(spec: str) -> Iterator[Row]:
         return _iter_file(path)
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
         return _iter_saved_dataset(path)
-    from draftsmith.data.regenerate import regenerated_manifest
+    from draftsmith.data.regenerated import regenerated_manifest
 
     manifest = regenerated_manifest(path)
     if manifest is not None:  # `draftsmith regenerate` output: its shards, not the manifest

@@ -156,3 +156,12 @@ def draft_vocab_for(
     if path is not None:
         _save(path, vm)
     return vm
+
+
+def held_out_coverage(examples: Iterable[Any], draft_ids: Tensor, vocab_size: int) -> Optional[float]:
+    """The share of ``examples``' loss-mask tokens inside the draft vocab (``draft_ids``), None when
+    they have none. The vocab is chosen on the train split, so its coverage there flatters it; on the
+    held-out split it is what text the draft was not chosen on looks like (every other token is a
+    certain miss)."""
+    counts = vocab_math.token_counts(_pairs(examples), vocab_size)
+    return vocab_math.coverage(counts, draft_ids) if int(counts.sum()) else None

@@ -55,12 +55,12 @@ class HFTarget:
 
     def __init__(self, model: Any, aux_layer_ids: Sequence[int]):
         from draftsmith.targets.contract import validate_layer_ids
-        from draftsmith.targets.hf import _final_norm
+        from draftsmith.targets.hf import final_norm
 
         self.model = model
         self.num_layers = int(model.config.get_text_config().num_hidden_layers)
         self.aux_ids = validate_layer_ids(list(aux_layer_ids), self.num_layers)
-        self._norm = _final_norm(model)
+        self._norm = final_norm(model)
         self.device = next(model.parameters()).device
         self.cache = None
 
@@ -206,7 +206,7 @@ def family_of_dir(draft_dir: Path) -> str:
 
 def draft_meta(draft_dir: Path) -> dict:
     """The checkpoint's meta.json (walking up from the draft dir), or {} (a vLLM export, a bare dir)."""
-    from draftsmith.train.checkpoint import find_meta
+    from draftsmith.layout import find_meta
 
     return find_meta(draft_dir)
 

@@ -12,24 +12,21 @@ speculative-decoding counters.
   generated tokens/s measured the same way (wall time of the whole category, same concurrency).
 
 Requests retry on connection errors, HTTP 5xx and 429 with exponential backoff (Retry-After honoured).
-Only the standard library is used (urllib + threads).
+Only the standard library is used (urllib + threads; the client is :mod:`draftsmith.httpjson`).
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import re
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt
 from draftsmith.eval.report import counter_stats
+from draftsmith.httpjson import HttpClient as JsonClient
 
 VLLM_PREFIX = "vllm:spec_decode_num_"
 _SAMPLE = re.compile(r'^([A-Za-z_:][\w:]*)(?:\{([^}]*)\})?\s+(\S+)')
@@ -37,46 +34,11 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
-class HttpClient:
-    """JSON over HTTP with retries: connection errors, 5xx and 429 are retried ``retries`` times,
-    sleeping ``backoff_s * 2**attempt`` (capped at ``max_backoff_s``) or the server's Retry-After."""
+class HttpClient(JsonClient):
+    """:class:`draftsmith.httpjson.HttpClient` whose failures are :class:`EvalError`, as every other
+    bad ``bench-server`` input is (one line, exit 2)."""
 
-    retries: int = 5
-    backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
-    timeout_s: float = 600.0
-
-    def request(self, method: str, url: str, body: Optional[dict] = None) -> bytes:
-        data = json.dumps(body).encode() if body is not None else None
-        last = ""
-        for attempt in range(self.retries + 1):
-            wait = min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
-            try:
-                req = urllib.request.Request(url, data=data, method=method,
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return resp.read()
-            except urllib.error.HTTPError as e:  # before URLError: HTTPError is a subclass
-                detail = e.read()[:300].decode(errors="replace")
-                if e.code != 429 and e.code < 500:
-                    raise EvalError(f"{method} {url}: HTTP {e.code} {detail!r}; "
-                                    "check the URL, model name and request") from None
-                last = f"HTTP {e.code} {detail[:120]!r}"
-                retry_after = e.headers.get("Retry-After") if e.headers else None
-                if retry_after and retry_after.strip().isdigit():
-                    wait = min(self.max_backoff_s, float(retry_after))
-            except (urllib.error.URLError, ConnectionError, http.client.HTTPException, TimeoutError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            if attempt < self.retries:
-                time.sleep(wait)
-        raise EvalError(f"{method} {url}: failed after {self.retries + 1} attempts (last: {last}); "
-                        "is the server up and reachable?")
-
-    def get_json(self, url: str) -> Any:
-        return json.loads(self.request("GET", url))
-
-    def post_json(self, url: str, body: dict) -> Any:
-        return json.loads(self.request("POST", url, body))
+    error: type[Exception] = EvalError
 
 
 # ---------------------------------------------------------------------------------- counters

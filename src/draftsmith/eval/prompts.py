@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from draftsmith.data.formats import ROLE_ALIASES, DataError, _content_text
+from draftsmith.data.formats import ROLE_ALIASES, DataError, content_text
 from draftsmith.data.sources import read_utf8
 
 __all__ = ["EvalPrompt", "PROMPT_SETS", "describe_prompts", "load_prompts", "parse_prompt_row", "prompt_set_path", "render_prompt"]
@@ -87,7 +87,7 @@ def parse_prompt_row(row: Any, default_id: str, multi_turn: bool = False) -> Eva
         role = ROLE_ALIASES.get(raw_role.lower()) if isinstance(raw_role, str) else None
         if role is None:
             raise DataError(f"{where}: unknown role {raw_role!r}; expected one of {sorted(ROLE_ALIASES)}")
-        messages.append({"role": role, "content": _content_text(turn.get("content", turn.get("value")), where)})
+        messages.append({"role": role, "content": content_text(turn.get("content", turn.get("value")), where)})
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise DataError(f"{default_id}.{key}: no user turn to use as the prompt")

@@ -298,7 +298,7 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
     notes = [prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg)]
     if chat_template_kwargs is None and draft.dir is not None:
-        from draftsmith.train.checkpoint import find_meta
+        from draftsmith.layout import find_meta
 
         chat_template_kwargs = find_meta(draft.dir).get("chat_template_kwargs")
     if chat_template_kwargs and "--default-chat-template-kwargs" not in extra:

@@ -71,7 +71,7 @@ class HFEngine(ColocatedEngine):
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(self.path, dtype=DTYPES[dtype], local_files_only=True)
         self.model = model.to(self.device).eval().requires_grad_(False)
-        self._norm = _final_norm(self.model)
+        self._norm = final_norm(self.model)
         self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
 
     # ------------------------------------------------------------------ static facts
@@ -160,7 +160,7 @@ class HFEngine(ColocatedEngine):
         self.close()
 
 
-def _final_norm(model) -> torch.nn.Module:
+def final_norm(model) -> torch.nn.Module:
     """The decoder's final norm module (``model.model.norm`` for Llama/Qwen/Mistral families)."""
     decoder = model.get_decoder()
     for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f"):

@@ -1,6 +1,6 @@
 """Checkpoints: the servable draft plus everything an exact resume needs.
 
-Layout (DESIGN section 5)::
+Layout (DESIGN section 5; the paths and their readers are in :mod:`draftsmith.layout`)::
 
     <output_dir>/checkpoints/
       epoch_<E>_step_<S>/
@@ -33,22 +33,13 @@ from typing import Any, Optional
 
 import torch
 
+# The layout and its readers live below train/ (eval and serve read it too); re-exported here so the
+# checkpoint API (write, read, find) is one import for the trainer and its tests.
+from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, checkpoint_name, latest_checkpoint,  # noqa: F401
+                               resolve_resume)
+from draftsmith.drafts import family_of_config
+from draftsmith.targets.contract import ENGINE_ORDER_WHY
 from draftsmith.weights import CheckpointError, read_tensors  # noqa: F401  (CheckpointError is re-exported)
-
-MODEL_SUBDIR = Path("model") / "consolidated"
-REQUIRED_FILES = (
-    MODEL_SUBDIR / "config.json",
-    MODEL_SUBDIR / "model.safetensors",
-    Path("vocab.safetensors"),
-    Path("optim.pt"),
-    Path("rng.pt"),
-    Path("meta.json"),
-)
-
-
-
-def checkpoint_name(epoch: int, step: int) -> str:
-    return f"epoch_{epoch}_step_{step}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -139,41 +130,6 @@ def save_checkpoint(
     return final
 
 
-def find_meta(path: Path) -> dict:
-    """The meta.json of the checkpoint holding ``path`` (a checkpoint dir or a dir up to 3 levels inside
-    it, e.g. model/consolidated), or {} when there is none (a vLLM export, a bare draft dir)."""
-    path = Path(path)
-    for parent in [path, *path.parents][:4]:
-        meta = parent / "meta.json"
-        if meta.is_file():
-            try:
-                return json.loads(meta.read_text())
-            except (ValueError, UnicodeDecodeError):
-                raise CheckpointError(f"{meta}: not valid JSON; the checkpoint is damaged, use another") from None
-    return {}
-
-
-def latest_checkpoint(root: Path) -> Optional[Path]:
-    """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
-    link = Path(root) / "LATEST"
-    if not (link.is_symlink() or link.exists()):
-        return None
-    target = Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
-    return target
-
-
-def resolve_resume(path: Path) -> Path:
-    """Accept a checkpoint dir, a ``checkpoints/`` root, or a run output dir; return the checkpoint dir."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"--resume: '{path}' does not exist; pass a checkpoint dir (epoch_<E>_step_<S>) or the run's output dir")
-    for root in (path, path / "checkpoints"):
-        latest = latest_checkpoint(root)
-        if latest is not None:
-            return latest
-    return path
-
-
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Load and verify a checkpoint directory written by :func:`save_checkpoint`."""
     path = Path(path)
@@ -196,6 +152,64 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             "resume from another checkpoint"
         ) from None
     return {"model_state": model_state, "vocab": vocab, "config": config, "meta": meta, "optim": optim, "rng": rng}
+
+
+def check_family(saved: dict, where: Path, draft_type: str) -> None:
+    """Refuse to resume a checkpoint of another family than ``draft_type`` (before any heavy work)."""
+    # meta.json names the family; a checkpoint older than that field is classified by its config.json
+    was_type = saved["meta"].get("draft_type") or family_of_config(saved["config"])
+    if was_type != draft_type:
+        raise CheckpointError(f"{where}: a {was_type} checkpoint cannot resume a draft.type "
+                              f"{draft_type} run; set draft.type: {was_type} or start a new output.dir")
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """A config.json dict with nested dicts flattened to dotted keys (``dflash_config.mask_token_id``)."""
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resumable(saved: dict, where: Path, data_order: dict, draft_config: dict, optimizer: str) -> None:
+    """Refuse a checkpoint (``saved``, from :func:`load_checkpoint` of ``where``) this run cannot
+    continue: another data order (``data_order``: what fixes it now), aux ids trained in an order the
+    engines do not serve, a draft config (``draft_config``: this run's export config) that differs
+    from the one its weights were trained as, or another ``train.optimizer`` (``optimizer``)."""
+    # row_pos indexes this epoch's order: it must be the order the checkpoint was cut from. The
+    # global batch may change (another number of ranks): the order of conversations stays.
+    was, now = saved["meta"].get("data_order"), data_order
+    if was is not None and any(was.get(k) != now[k] for k in now):
+        diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
+        raise CheckpointError(
+            f"{where}: the data order changed since this checkpoint ({diff}); resume with the "
+            f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
+    was_ids = saved["meta"].get("aux_layer_ids")
+    if was_ids and list(was_ids) != sorted(was_ids):  # trained before aux ids were sorted: fc's blocks differ
+        raise CheckpointError(
+            f"{where}: trained with aux layer ids {list(was_ids)} in that order, and runs now train "
+            f"them ascending ({ENGINE_ORDER_WHY}); serve or export it as it is (`draftsmith export` reorders its "
+            "fc for the engines) or start a new run in another output.dir")
+    # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
+    # one the weights were trained as: a changed value would load and train on silently.
+    # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
+    was_cfg = flat_config(saved["config"])
+    now_cfg = flat_config(json.loads(json.dumps(draft_config)))
+    changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
+               if was_cfg.get(k) != now_cfg.get(k)]
+    if changed:
+        raise CheckpointError(
+            f"{where}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
+            "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
+    state, muon = saved["optim"]["optimizer"], optimizer == "muon"
+    if isinstance(state, dict) and ("parts" in state) != muon:  # one run's optimizer state under another
+        raise CheckpointError(
+            f"{where}: the checkpoint was trained with train.optimizer: {'adamw' if muon else 'muon'}, this run "
+            f"asks for {optimizer}; resume with the checkpoint's optimizer (its config.yaml) or start a new run in "
+            "another output.dir")
 
 
 def _old_numpy_rng_globals() -> list:

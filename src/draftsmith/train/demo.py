@@ -191,7 +191,7 @@ def real_check(ckpt: Path, output: Path) -> tuple[str, dict]:
     from draftsmith.eval.speedup import best_by_kind, describe_prompt_set, measure, one_line, render_prompts
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import resolve_draft
-    from draftsmith.train.checkpoint import find_meta
+    from draftsmith.layout import find_meta
 
     target = resolve_target("smollm2")
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)

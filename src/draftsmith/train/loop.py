@@ -6,17 +6,15 @@ features + targets/contract.py here; remote: on the servers), then the draft run
 Everything that decides the result (data order, optimizer, schedule, RNG) is restored by
 ``resume`` so a resumed run reaches the same weights as an uninterrupted one.
 
-Several ranks (torchrun; train/parallel.py wraps the draft in DDP or FSDP2): each step takes one
-*global* micro-batch of ``batch_size x ranks`` conversations from the epoch order and rank r holds
-rows ``[r*batch_size, (r+1)*batch_size)`` of it; losses are normalised by counts summed over ranks
-(drafts' LossParts) and training randomness is keyed by conversation, so N ranks x batch b reach the
-weights one rank x batch N*b does. Each rank opens its own engine; rank 0 alone writes checkpoints,
-TensorBoard and the progress bar.
+Several ranks (torchrun) are the parallel layer's business (train/parallel.py, ``self.par``), as in
+torchtitan: it wraps the draft in DDP or FSDP2 from outside, hands this rank its rows of each
+*global* micro-batch, sums losses' denominators and metrics over ranks, keeps the data position in
+the global order and runs rank-0-only I/O. The loop below reads as one process's; N ranks x batch b
+reach the weights one rank x batch N*b does. Each rank opens its own engine.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,24 +23,25 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from draftsmith import distributed as dist
 from draftsmith.config import ConfigError, RunConfig, dump_config
-from draftsmith.data.dataset import (Example, build_examples, collate, epoch_order, holdout_from_sources, length_grouped,
-                                     split_holdout)
-from draftsmith.data.formats import DataError
-from draftsmith.data.sources import iter_rows, load_conversations
-from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for
-from draftsmith.drafts import family_of_config, get_family
+from draftsmith.data.dataset import Example, collate, epoch_order, length_grouped
+from draftsmith.data.sources import iter_rows
+from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for, held_out_coverage
+from draftsmith.drafts import get_family
+from draftsmith.inputs import aux_layer_ids, aux_order_note, engine_options, resolve_template_kwargs, split_rows
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import (ENGINE_ORDER_WHY, ascending_layer_ids, default_layer_ids, supervision_kind,
-                                        supervision_to, validate_layer_ids)
+from draftsmith.targets.contract import supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import parallel
 from draftsmith.train.optim import build_optimizer
+from draftsmith.train.progress import TrainBar, setup_lines
+from draftsmith.train.schedule import Cosine, reachable_step
 
 
 @dataclass
 class TrainResult:
+    """What :func:`train` returns: where the run wrote, how far it got, its speed and final metrics."""
+
     output_dir: Path
     checkpoint: Optional[Path]
     step: int
@@ -52,34 +51,6 @@ class TrainResult:
     tokens_per_s: float
     eval: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
-
-
-class Cosine:
-    """LR factor: linear warmup to 1, then cosine down to ``min_ratio`` at step ``end``.
-
-    The end can move while training (:meth:`refit`, used to fit a time budget): the cosine's
-    progress p is re-anchored at the current step, p(s) = p_a + (1 - p_a)(s - s_a)/(end - s_a), so
-    the LR stays continuous and never rises. LambdaLR saves and restores these attributes with
-    the scheduler state, so a resume continues the same curve.
-    """
-
-    def __init__(self, warmup: int, total: int, min_ratio: float):
-        self.warmup, self.min_ratio = warmup, min_ratio
-        self.end, self.anchor_step, self.anchor_p = total, warmup, 0.0
-
-    def progress(self, step: int) -> float:
-        span = max(1, self.end - self.anchor_step)
-        return min(1.0, max(0.0, self.anchor_p + (1.0 - self.anchor_p) * (step - self.anchor_step) / span))
-
-    def __call__(self, step: int) -> float:
-        if self.warmup > 0 and step < self.warmup:
-            return (step + 1) / self.warmup
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
-
-    def refit(self, step: int, end: int) -> None:
-        """From ``step`` on, reach ``min_ratio`` at ``end`` (> step); the factor at ``step`` is unchanged."""
-        anchor = max(step, self.warmup)
-        self.anchor_p, self.anchor_step, self.end = self.progress(anchor), anchor, max(end, anchor + 1)
 
 
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: list[int]):
@@ -94,110 +65,9 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: li
     return family.Model(config)
 
 
-def flat_config(config: dict, prefix: str = "") -> dict:
-    """A config.json dict with nested dicts flattened to dotted keys (``dflash_config.mask_token_id``)."""
-    out = {}
-    for k, v in config.items():
-        if isinstance(v, dict) and v:
-            out.update(flat_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def add_sums(total: Optional[dict], sums: dict) -> dict:
     """Element-wise sum of two metric-sum dicts (``total`` None = start from ``sums``)."""
     return dict(sums) if total is None else {k: total[k] + v for k, v in sums.items()}
-
-
-def remote_options(cfg: RunConfig) -> dict:
-    """Keyword arguments of the remote engine (draftsmith.remote.client.RemoteEngine) from target.*."""
-    t = cfg.target
-    return {"urls": t.remote_urls, "prefetch_depth": t.prefetch_depth, "timeout_s": t.remote_timeout_s,
-            "retries": t.remote_retries, "backoff_s": t.remote_backoff_s,
-            "health_interval_s": t.remote_health_interval_s, "auth_token_file": t.remote_auth_token_file,
-            "data_plane": t.remote_data_plane}
-
-
-def reachable_step(step: int, total_steps: int, max_time_s: float, elapsed: float, done: int) -> int:
-    """The step a time-bound run is expected to stop at: ``done`` steps took ``elapsed`` s in this
-    process, so the budget left buys (max_time_s - elapsed) * done / elapsed more (never past total)."""
-    if done <= 0 or elapsed <= 0:
-        return total_steps
-    return min(total_steps, step + max(0, int((max_time_s - elapsed) * done / elapsed)))
-
-
-def resolve_template_kwargs(cfg: RunConfig) -> dict:
-    """The chat-template kwargs to render with: ``data.chat_template_kwargs``, else those the
-    ``draftsmith regenerate`` sources were made with (serving must use the same, so they are saved
-    in the checkpoint's meta.json). A config that contradicts its regenerated data is refused."""
-    from draftsmith.data.regenerate import template_kwargs_of
-
-    made_with = template_kwargs_of(cfg.data.sources + cfg.data.eval_sources)  # the held-out rows render alike
-    asked = cfg.data.chat_template_kwargs
-    if asked is not None and made_with is not None and asked != made_with:
-        raise ConfigError([f"'data.chat_template_kwargs' = {json.dumps(asked)} but data.sources were regenerated with "
-                           f"{json.dumps(made_with)}; drop the key (the data's kwargs are used) or regenerate the data "
-                           "with the kwargs you will serve with"])
-    return dict(asked if asked is not None else made_with or {})
-
-
-def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:
-    """The target layer ids the draft of ``cfg`` reads: target.aux_layer_ids or the family's default rule,
-    in ascending order (:func:`aux_order_note` says when that reordered the user's list).
-
-    Ascending because every engine serves them so (contract.ENGINE_ORDER_WHY: vLLM sorts the ids of
-    EAGLE-3, P-EAGLE and DFlash drafts, SGLang captures in layer order): features, fc's input blocks,
-    the cache, meta.json and the exported config all follow this one list. Shared with ``draftsmith
-    cache`` (cache/build.py), so a cache holds exactly the ids training asks for.
-    """
-    rule, count = get_family(cfg.draft.type).layer_rule(cfg.draft)
-    # a family that reads decoder-layer outputs (DFlash: on disk engine id - 1) refuses engine id 0
-    first = get_family(cfg.draft.type).first_layer_id
-    return ascending_layer_ids(validate_layer_ids(cfg.target.aux_layer_ids or default_layer_ids(rule, num_layers, count),
-                                                  num_layers, first=first))[0]
-
-
-def aux_order_note(cfg: RunConfig) -> Optional[str]:
-    """The one-line note for a ``target.aux_layer_ids`` that :func:`aux_layer_ids` reordered, else None."""
-    return ascending_layer_ids(cfg.target.aux_layer_ids)[1] if cfg.target.aux_layer_ids else None
-
-
-def render_examples(cfg: RunConfig, tokenizer: Any, held_out: bool = False) -> tuple[list[Example], Any, int]:
-    """Conversations of ``data.*`` rendered as the trainer sees them: ``(examples, data report, dropped)``.
-
-    One code path for training and ``draftsmith cache``, so cached rows are exactly the trainer's rows
-    (before the train / held-out split; both parts ask the engine). ``held_out``: the rows of
-    ``data.eval_sources`` instead (all of them: data.max_rows subsets the training sources only).
-    """
-    if held_out:
-        try:
-            convs, report = load_conversations(cfg.data.eval_sources, seed=cfg.train.seed)
-        except DataError as e:
-            raise DataError(f"data.eval_sources: {e}") from None
-    else:
-        convs, report = load_conversations(cfg.data.sources, max_rows=cfg.data.max_rows, seed=cfg.train.seed)
-    examples, dropped = build_examples(convs, tokenizer, cfg.data.max_length, chat_template=cfg.data.chat_template,
-                                       template_kwargs=resolve_template_kwargs(cfg))
-    return examples, report, dropped
-
-
-def micro_batches(order: list[int], batch_size: int) -> list[list[int]]:
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def rank_share(rows: list[int], batch_size: int, rank: int) -> tuple[list[int], float]:
-    """Rank ``rank``'s rows of one global micro-batch and their loss weight: rows
-    ``[rank*batch_size, (rank+1)*batch_size)``. A rank left without rows (the epoch's last, short
-    global batch) runs the first row at weight 0, so every rank joins the gradient all-reduce."""
-    mine = rows[rank * batch_size : (rank + 1) * batch_size]
-    return (mine, 1.0) if mine else (rows[:1], 0.0)
-
-
-def row_seed(seed: int, epoch: int, row: int) -> int:
-    """The seed of conversation ``row``'s training randomness in ``epoch`` (P-EAGLE's COD, DFlash's
-    anchors): a function of the conversation, not of the rank or micro-batch that holds it."""
-    return (((seed * 1_000_003) ^ (epoch * 7_919)) * 1_000_033 + row) % (2**63 - 1)
 
 
 class Trainer:
@@ -207,15 +77,10 @@ class Trainer:
         self.cfg = cfg
         self.family = get_family(cfg.draft.type)  # drafts/<family>.py: model, supervision kind, metrics
         # torchrun's ranks (rank 0 of 1 without it), this rank's device, the process group (gloo / nccl)
-        self.ranks = dist.ranks_from_env()
-        self.device = dist.resolve_device(cfg.train.device, self.ranks.local_rank)
-        self.progress = progress and self.ranks.main
+        self.par = parallel.DataParallel.start(cfg.train)
+        self.device = self.par.device
+        self.progress = progress and self.par.main
         self.bf16 = cfg.train.bf16 if cfg.train.bf16 is not None else self.device.type == "cuda"
-        if self.ranks.world > 1 and cfg.train.spec_eval_every and cfg.train.parallel == "fsdp2":
-            raise ConfigError([f"'train.spec_eval_every' = {cfg.train.spec_eval_every} with train.parallel fsdp2 on "
-                               f"{self.ranks.world} ranks: the exact spec eval needs the whole draft on rank 0; set it "
-                               "to 0 and run `draftsmith eval` on the checkpoint, or use train.parallel: ddp"])
-        dist.init(self.ranks, self.device)
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
         torch.manual_seed(cfg.train.seed)  # the same on every rank: every rank builds the same draft
@@ -223,11 +88,8 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         self.resumed_from = ckpt.resolve_resume(Path(resume)) if resume else None
         saved = ckpt.load_checkpoint(self.resumed_from) if self.resumed_from else None  # fail before heavy work
-        # meta.json names the family; a checkpoint older than that field is classified by its config.json
-        was_type = (saved["meta"].get("draft_type") or family_of_config(saved["config"])) if saved else cfg.draft.type
-        if was_type != cfg.draft.type:
-            raise ckpt.CheckpointError(f"{self.resumed_from}: a {was_type} checkpoint cannot resume a draft.type "
-                                       f"{cfg.draft.type} run; set draft.type: {was_type} or start a new output.dir")
+        if saved is not None:
+            ckpt.check_family(saved, self.resumed_from, cfg.draft.type)
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
         for spec in cfg.data.sources + cfg.data.eval_sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
@@ -236,18 +98,16 @@ class Trainer:
         self._build_vocab(saved)
         self._build_draft()
         self.resume_note = None
-        if saved is not None:
-            self._restore_draft(saved)
+        if saved is not None:  # the weights, once the data order and the draft's config are checked against this run
+            ckpt.check_resumable(saved, self.resumed_from, self.data_order(),
+                                 self.draft.export_config(self.aux_ids, "float32"), cfg.train.optimizer)
+            self.draft.load_state_dict(saved["model_state"])
         # DDP / FSDP2 around the draft (one rank: the plain draft); the optimizer sees the wrapped parameters
-        self.model = parallel.wrap(self.draft, cfg.train.parallel, self.ranks.world, self.device)
+        self.model = self.par.wrap(self.draft)
         self._build_optimizer()
         if saved is not None:
             self._restore(saved)
-        self.writer = None
-        if cfg.output.tensorboard and self.ranks.main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        self.writer = self.par.writer(self.out / "tensorboard") if cfg.output.tensorboard else None  # rank 0's
 
     # ------------------------------------------------------------------ setup steps
     def _open_engine(self) -> None:
@@ -259,31 +119,18 @@ class Trainer:
         cfg = self.cfg
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype, device=str(self.device),
-                                  **({"engine_kwargs": cfg.target.engine_kwargs} if cfg.target.engine_kwargs else {}),
-                                  **(remote_options(cfg) if cfg.target.engine == "remote" else {}),
-                                  **({"cache_dir": cfg.target.cache_dir} if cfg.target.engine == "cache" else {}))
+                                  **engine_options(cfg))
         self.info = self.engine.info()
         self.aux_ids = aux_layer_ids(cfg, self.info.num_layers)
         self.tokenizer = AutoTokenizer.from_pretrained(target_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def _load_data(self) -> None:
-        """Conversations -> rendered examples -> train / held-out split."""
-        cfg = self.cfg
-        self.template_kwargs = resolve_template_kwargs(cfg)
-        examples, self.data_report, self.dropped = render_examples(cfg, self.tokenizer)
-        eval_size = cfg.data.eval_size  # a fraction below 1, a count from 1 up
-        if cfg.data.eval_sources:  # held out from other sources: the metric tracks text unlike the training rows
-            held, _, held_dropped = render_examples(cfg, self.tokenizer, held_out=True)
-            self.train_set, self.eval_set, in_train = holdout_from_sources(examples, held)
-            self.held_out_from = (f"held-out from data.eval_sources {cfg.data.eval_sources}"
-                                  + (f", {in_train} also in data.sources left out" if in_train else "")
-                                  + (f", {held_dropped} without an assistant token dropped" if held_dropped else ""))
-        else:
-            self.train_set, self.eval_set = split_holdout(
-                examples, int(eval_size) if eval_size >= 1 else float(eval_size), cfg.train.seed
-            )
-            self.held_out_from = f"held-out: data.eval_size={eval_size:g} of data.sources"
+        """Conversations -> rendered examples -> train / held-out split (draftsmith/inputs.py)."""
+        self.template_kwargs = resolve_template_kwargs(self.cfg)  # saved in meta.json: serving renders alike
+        rows = split_rows(self.cfg, self.tokenizer)
+        self.train_set, self.eval_set, self.data_report, self.dropped = rows.train, rows.held_out, rows.report, rows.dropped
+        self.held_out_from = rows.held_out_from
 
     def _build_vocab(self, saved: Optional[dict]) -> None:
         """The draft vocab (the checkpoint's on resume), told to the engine: a remote one computes
@@ -301,13 +148,8 @@ class Trainer:
             self.vocab = draft_vocab_for(self.train_set, self.tokenizer, self.info.vocab_size, draft_vocab_size, cache_dir)
         self.pruned = self.vocab.draft_ids.numel() < self.info.vocab_size
         self.engine.set_vocab_map(self.vocab.draft_ids if self.pruned else None)
-        # The vocab is chosen on the train split, so its coverage there flatters it: the share of the
-        # held-out split's loss-mask tokens inside the draft vocab is what text the draft was not
-        # chosen on looks like (every other one is a certain miss). None without a held-out split.
-        from draftsmith.drafts import vocab as vocab_math
-
-        counts = vocab_math.token_counts(((ex.input_ids, ex.loss_mask) for ex in self.eval_set), self.info.vocab_size)
-        self.held_out_coverage = vocab_math.coverage(counts, self.vocab.draft_ids) if int(counts.sum()) else None
+        # the train split's coverage flatters the vocab chosen on it: the held-out split's is reported beside it
+        self.held_out_coverage = held_out_coverage(self.eval_set, self.vocab.draft_ids, self.info.vocab_size)
 
     def _build_draft(self) -> None:
         """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
@@ -321,12 +163,9 @@ class Trainer:
         """The optimizer (train/optim.py: AdamW, or Muon + AdamW) over the trainable parameters, and the
         LR schedule over the run's optimizer steps."""
         t = self.cfg.train
-        if t.optimizer == "muon" and t.parallel == "fsdp2" and self.ranks.world > 1:
-            raise ConfigError([f"'train.optimizer' = 'muon' with train.parallel fsdp2 on {self.ranks.world} ranks: "
-                               "Muon orthogonalises whole matrices and FSDP2 shards them; use train.parallel: ddp"])
         self.optimizer = build_optimizer(self.model.named_parameters(), t)
-        self.global_batch = t.batch_size * self.ranks.world  # conversations per micro-step, all ranks together
-        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / self.global_batch) / t.grad_accum)
+        global_batch = self.par.global_batch  # conversations per micro-step, all ranks together
+        self.steps_per_epoch = math.ceil(math.ceil(len(self.train_set) / global_batch) / t.grad_accum)
         self.total_steps = self.steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = min(self.total_steps, t.max_steps)
@@ -334,71 +173,21 @@ class Trainer:
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
         self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
-        # batch_pos: global micro-batches done in this epoch; row_pos: conversations of the epoch order
-        # done (what a resume with another global batch continues from); group_batch: the global batch
-        # this epoch's length grouping was cut with
-        self.step, self.epoch, self.batch_pos, self.row_pos = 0, 0, 0, 0
-        self.group_batch = self.global_batch
+        self.step = 0
+        self.pos = parallel.Position(group_batch=global_batch)  # where the data order stands
         self.tokens_seen = 0  # real tokens trained on since step 0, all ranks, across resumes
-
-    def _restore_draft(self, saved: dict) -> None:
-        """The draft's weights from a checkpoint (before any wrapping), once its data order and config
-        are checked against this run."""
-        # row_pos indexes this epoch's order: it must be the order the checkpoint was cut from. The
-        # global batch may change (another number of ranks): the order of conversations stays.
-        was, now = saved["meta"].get("data_order"), self.data_order()
-        if was is not None and any(was.get(k) != now[k] for k in now):
-            diff = ", ".join(f"{k} {was.get(k)} -> {now[k]}" for k in now if was.get(k) != now[k])
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the data order changed since this checkpoint ({diff}); resume with the "
-                f"checkpoint's values (its config.yaml) or start a new run in another output.dir")
-        was_ids = saved["meta"].get("aux_layer_ids")
-        if was_ids and list(was_ids) != sorted(was_ids):  # trained before aux ids were sorted: fc's blocks differ
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: trained with aux layer ids {list(was_ids)} in that order, and runs now train "
-                f"them ascending ({ENGINE_ORDER_WHY}); serve or export it as it is (`draftsmith export` reorders its "
-                "fc for the engines) or start a new run in another output.dir")
-        # The draft's own config (mask token, depths, layers, aux ids, vocab sizes...) must be the
-        # one the weights were trained as: a changed value would load and train on silently.
-        # Nested sections are compared key by key, so the message names e.g. dflash_config.mask_token_id.
-        was_cfg = flat_config(saved["config"])
-        now_cfg = flat_config(json.loads(json.dumps(self.draft.export_config(self.aux_ids, "float32"))))
-        changed = [f"{k} {was_cfg.get(k)!r} -> {now_cfg.get(k)!r}" for k in sorted(set(was_cfg) | set(now_cfg))
-                   if was_cfg.get(k) != now_cfg.get(k)]
-        if changed:
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the draft's config changed since this checkpoint ({'; '.join(changed[:4])}); "
-                "resume with the checkpoint's values (its config.yaml) or start a new run in another output.dir")
-        self.draft.load_state_dict(saved["model_state"])
 
     def _restore(self, saved: dict) -> None:
         """Optimizer, scheduler, this rank's RNG and the data position from a checkpoint."""
         t = self.cfg.train
-        state, muon = saved["optim"]["optimizer"], self.cfg.train.optimizer == "muon"
-        if isinstance(state, dict) and ("parts" in state) != muon:  # one run's optimizer state under another
-            raise ckpt.CheckpointError(
-                f"{self.resumed_from}: the checkpoint was trained with train.optimizer: "
-                f"{'adamw' if muon else 'muon'}, this run asks for {self.cfg.train.optimizer}; resume with the "
-                "checkpoint's optimizer (its config.yaml) or start a new run in another output.dir")
-        parallel.load_optimizer(self.model, self.optimizer, state)
+        parallel.load_optimizer(self.model, self.optimizer, saved["optim"]["optimizer"])  # kind checked at setup
         self.scheduler.load_state_dict(saved["optim"]["scheduler"])
-        ckpt.set_rng_state(saved["rng"], self.ranks.rank)
-        n_rng = len(saved["rng"].get("ranks") or [None])
+        ckpt.set_rng_state(saved["rng"], self.par.ranks.rank)
         meta = saved["meta"]
-        self.step, self.epoch, self.batch_pos = meta["step"], meta["data_epoch"], meta["batch_pos"]
+        self.step = meta["step"]
         self.tokens_seen = meta.get("tokens_seen", 0)  # checkpoints before it was kept: counted from 0
-        # checkpoints before ranks counted micro-batches of train.batch_size on one process
-        was_batch = meta.get("global_batch") or (meta.get("data_order") or {}).get("train.batch_size", t.batch_size)
-        was_world = meta.get("world_size", 1)
-        self.row_pos = meta.get("row_pos", min(self.batch_pos * was_batch, len(self.train_set)))
-        self.group_batch = was_batch  # the rest of this epoch keeps the grouping it was cut with
-        if (was_world, was_batch) != (self.ranks.world, self.global_batch):
-            self.resume_note = (
-                f"resume: the checkpoint was cut by {was_world} rank(s), global batch {was_batch}; this run has "
-                f"{self.ranks.world} rank(s), global batch {self.global_batch}: the same global order of "
-                f"conversations continues at conversation {self.row_pos} of epoch {self.epoch}"
-                + ("" if self.ranks.world <= n_rng else f"; ranks {n_rng}..{self.ranks.world - 1} start from "
-                   "rank 0's RNG state (training draws are keyed by conversation, not by rank)"))
+        n_rng = len(saved["rng"].get("ranks") or [None])  # the ranks whose RNG states the checkpoint holds
+        self.pos, self.resume_note = self.par.resume(meta, len(self.train_set), n_rng)
         # Restored with the scheduler. A changed length (max_steps, epochs) or a dropped time
         # budget re-aims the curve at total_steps from here, without a jump.
         if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
@@ -427,53 +216,23 @@ class Trainer:
             out = self.model(sup, generators)  # draft.supervised, through DDP / FSDP2 when wrapped
         return out, int(batch.attention_mask.sum())
 
-    def global_loss(self, out: Any, weight: float = 1.0) -> tuple[torch.Tensor, float]:
-        """(loss to backpropagate, loss value) of this rank's share of a global micro-batch.
-
-        One rank: the family's loss. Several: its LossParts with the denominators summed over ranks,
-        times the world size (DDP and FSDP average gradients over ranks), so the gradient equals one
-        process holding the whole global micro-batch; the value is that process's loss."""
-        if self.ranks.world == 1:
-            return out.loss, float(out.loss.detach())
-        p = out.parts
-        num, den = p.num * weight, p.den * weight
-        both = dist.all_reduce_sum(torch.cat([num.detach(), den]).float())
-        g_num, g_den = both[: num.numel()], both[num.numel() :]
-        return p.loss(den=g_den, num=num) * self.ranks.world, float(p.loss(den=g_den, num=g_num))
-
-    def reduce_sums(self, sums: dict, tokens: int) -> tuple[dict, int]:
-        """Metric sums and real tokens added over ranks (one all-reduce; unchanged for one rank)."""
-        if self.ranks.world == 1:
-            return sums, tokens
-        keys = sorted(sums)
-        flat = torch.cat([sums[k].reshape(-1).double().cpu() for k in keys] + [torch.tensor([float(tokens)], dtype=torch.float64)])
-        flat = dist.all_reduce_sum(flat)
-        out, i = {}, 0
-        for k in keys:
-            n = sums[k].numel()
-            out[k] = flat[i : i + n].reshape(sums[k].shape).to(sums[k].dtype)
-            i += n
-        return out, int(flat[-1])
-
     def row_generators(self, rows: list[int], epoch: Optional[int] = None) -> list[torch.Generator]:
         """One generator per conversation, seeded by (train.seed, epoch, conversation); ``epoch``
         defaults to the current one (held-out draws use -1: the same at every evaluation)."""
-        epoch = self.epoch if epoch is None else epoch
-        return [torch.Generator().manual_seed(row_seed(self.cfg.train.seed, epoch, i)) for i in rows]
+        epoch = self.pos.epoch if epoch is None else epoch
+        return [torch.Generator().manual_seed(parallel.row_seed(self.cfg.train.seed, epoch, i)) for i in rows]
 
     def train_window(self, window: list[list[Example]], sups: Optional[Iterator[tuple[Batch, Any]]] = None,
                      weights: Optional[list[float]] = None,
                      generators: Optional[list[Optional[list[torch.Generator]]]] = None) -> dict:
         """One optimizer step over ``window`` (up to grad_accum micro-batches of this rank).
 
-        Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer
-        than grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a
-        single batch holding its rows, not under-weighted by 1/grad_accum. ``sups`` yields the
-        window's (batch, supervision) pairs in order (from :meth:`supervise`); ``weights`` (1 or 0
-        per micro-batch, see :func:`rank_share`) and ``generators`` (per micro-batch, one per row)
-        default to 1 and None. Returns the loss, the real tokens and the family's metric sums over the
-        window, all ranks together.
-        """
+        Each micro-batch's loss is weighted 1/len(window), so a trailing partial window (fewer than
+        grad_accum micro-batches at the end of an epoch) is flushed with the same scale as a single
+        batch holding its rows. ``sups`` yields the window's (batch, supervision) pairs in order
+        (:meth:`supervise`); ``weights`` (1 or 0 per micro-batch: :func:`parallel.rank_share`) and
+        ``generators`` (per micro-batch, one per row) default to 1 and None. Returns the loss, the real
+        tokens and the family's metric sums over the window, all ranks together."""
         t = self.cfg.train
         self.model.train()
         if hasattr(self.draft, "set_progress"):  # a loss schedule over optimizer steps (Domino)
@@ -485,12 +244,12 @@ class Trainer:
             with parallel.grad_sync(self.model, sync=i == len(window) - 1):
                 out, n_tok = self.forward(examples, next(sups) if sups is not None else None,
                                           generators[i] if generators is not None else None)
-                grad_loss, value = self.global_loss(out, weight)
+                grad_loss, value = self.par.loss(out, weight)
                 (grad_loss / len(window)).backward()
             tokens += n_tok if weight else 0
             loss += value / len(window)
             sums = add_sums(sums, {k: v * int(weight) for k, v in out.sums.items()})
-        sums, tokens = self.reduce_sums(sums, tokens)
+        sums, tokens = self.par.reduce(sums, tokens)
         if t.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], t.max_grad_norm)
         self.optimizer.step()
@@ -500,21 +259,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
-        from draftsmith.train.progress import TrainBar
-
-        t = self.cfg.train
+        """The whole training job from where setup left it: the loop, then a final eval and save."""
+        t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
         bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
                        unit="step")
         stop = self.step >= self.total_steps
-        while self.epoch < t.epochs and not stop:
-            order = epoch_order(len(self.train_set), self.epoch, t.seed)
+        while pos.epoch < t.epochs and not stop:
+            order = epoch_order(len(self.train_set), pos.epoch, t.seed)
             if t.group_by_length:
-                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], self.group_batch)
+                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], pos.group_batch)
             # global micro-batches from where this epoch stands; this rank's share of each
-            mbs = micro_batches(order[self.row_pos :], self.global_batch)
-            shares = [rank_share(rows, t.batch_size, self.ranks.rank) for rows in mbs]
+            mbs = self.par.global_batches(order[pos.row_pos :])
+            shares = [self.par.share(rows) for rows in mbs]
             sups = self.supervise([self.train_set[i] for i in rows] for rows, _ in shares)
             done = 0  # micro-batches of mbs done
             while done < len(mbs) and not stop:
@@ -529,8 +287,7 @@ class Trainer:
                 summary = self.family.summarize(stats["sums"])
                 scalars = self.family.scalars(summary)
                 self.step += 1
-                self.row_pos += sum(len(rows) for rows in mbs[done : done + len(window)])
-                self.batch_pos += len(window)
+                pos.advance(mbs[done : done + len(window)])
                 done += len(window)
                 history.append((self.step, loss_sum))
                 elapsed = self.elapsed(start)
@@ -556,8 +313,7 @@ class Trainer:
                     self.spec_eval(summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
             if done >= len(mbs):
-                self.epoch, self.batch_pos, self.row_pos = self.epoch + 1, 0, 0
-                self.group_batch = self.global_batch
+                pos.next_epoch(self.par.global_batch)
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
@@ -567,53 +323,25 @@ class Trainer:
         last_ckpt = self.save()
         if self.writer is not None:
             self.writer.close()
-        return TrainResult(self.out, last_ckpt, self.step, self.epoch, tokens, wall, tokens / max(wall, 1e-9),
+        return TrainResult(self.out, last_ckpt, self.step, pos.epoch, tokens, wall, tokens / max(wall, 1e-9),
                            eval_metrics, history)
 
     def elapsed(self, start: float) -> float:
-        """Seconds since ``start``, the largest over ranks: every rank takes the same stop and LR
-        decisions from it (a rank that stopped alone would hang the others' all-reduce)."""
+        """Seconds since ``start``; under train.max_time_s the largest over ranks, so every rank takes
+        the same stop and LR decisions (a rank that stopped alone would hang the others)."""
         elapsed = time.perf_counter() - start
-        if self.ranks.world == 1 or self.cfg.train.max_time_s is None:
-            return elapsed
-        return float(dist.all_reduce_max(torch.tensor([elapsed], dtype=torch.float64)))
+        return self.par.slowest(elapsed) if self.cfg.train.max_time_s is not None else elapsed
 
     def spec_eval(self, simulated: Optional[float]) -> dict:
         """Real speculative decoding on held-out prompts (eval/offline.py), on rank 0 with the whole
-        draft (FSDP2 is refused at setup); other ranks wait at the next collective."""
+        draft (FSDP2 is refused at setup); the other ranks wait for it."""
         from draftsmith.eval.offline import trainer_spec_eval  # real tau next to simulated tau
 
-        result = trainer_spec_eval(self, simulated=simulated) if self.ranks.main else {}
-        dist.barrier()
-        return result
+        return self.par.on_main(lambda: trainer_spec_eval(self, simulated=simulated), default={})
 
     def describe(self) -> list[str]:
-        """What setup found, printed before training by ``train`` and ``demo``: the data report
-        (rows kept, bad rows by reason), the split, the draft vocab, the aux layers and the budget."""
-        t = self.cfg.train
-        n_convs = len(self.train_set) + len(self.eval_set) + self.dropped
-        lines = [self.data_report.summary()]
-        lines += [f"data: first {kind!r}: {msg}" for kind, msg in list(self.data_report.first_errors.items())[:3]]
-        if self.dropped:
-            lines.append(f"data: {self.dropped} of {n_convs} conversations dropped (no assistant token within "
-                         f"data.max_length={self.cfg.data.max_length})")
-        lines.append(f"setup: {len(self.train_set)} train / {len(self.eval_set)} held-out conversations, draft vocab "
-                     f"{self.vocab.draft_ids.numel()} of {self.info.vocab_size} (coverage {self.vocab.coverage:.3f} train"
-                     + (f", {self.held_out_coverage:.3f} held-out" if self.held_out_coverage is not None else "") + "), "
-                     f"aux layers {self.aux_ids}; {self.held_out_from}")
-        steps = (f"{self.total_steps} steps ({self.steps_per_epoch}/epoch x {t.epochs} epochs"
-                 + (f", capped by train.max_steps={t.max_steps})" if t.max_steps is not None else ")"))
-        start = f" from step {self.step}" if self.step else ""
-        if t.max_time_s is not None:
-            lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
-        else:
-            lines.append(f"budget: {steps}{start}")
-        how = f"{t.parallel}, {'nccl' if self.device.type == 'cuda' else 'gloo'}, " if self.ranks.world > 1 else ""
-        lines.append(f"batch: {self.ranks.world} rank(s) x batch {t.batch_size} x grad_accum {t.grad_accum} = global batch "
-                     f"{self.global_batch * t.grad_accum} ({how}device {self.device}, bf16 {'on' if self.bf16 else 'off'})")
-        if self.resume_note:
-            lines.append(self.resume_note)
-        return lines
+        """What setup found, printed before training by ``train`` and ``demo`` (:func:`progress.setup_lines`)."""
+        return setup_lines(self)
 
     def data_order(self) -> dict:
         """What fixes the order of micro-batches (checked on resume)."""
@@ -640,9 +368,8 @@ class Trainer:
         self.model.eval()
         t = self.cfg.train
         sums, loss_sum, n = None, 0.0, 0
-        starts = list(range(0, len(self.eval_set), self.global_batch))[: t.eval_max_batches]
-        shares = [rank_share(list(range(i, min(i + self.global_batch, len(self.eval_set)))), t.batch_size, self.ranks.rank)
-                  for i in starts]
+        batches = self.par.global_batches(list(range(len(self.eval_set))))[: t.eval_max_batches]
+        shares = [self.par.share(rows) for rows in batches]
         if not shares:  # train.eval_max_batches: 0
             return {}
         micro = [[self.eval_set[i] for i in rows] for rows, _ in shares]
@@ -651,9 +378,9 @@ class Trainer:
             # whatever the batch or the number of ranks
             out, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
             sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
-            loss_sum += self.global_loss(out, weight)[1]
+            loss_sum += self.par.loss(out, weight)[1]
             n += 1
-        sums, _ = self.reduce_sums(sums, 0)
+        sums, _ = self.par.reduce(sums, 0)
         metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
         if self.held_out_coverage is not None:  # the whole split's, next to metrics that count its misses
             metrics["draft_vocab_coverage"] = self.held_out_coverage
@@ -668,16 +395,11 @@ class Trainer:
         """A checkpoint of the whole run: every rank gathers (FSDP2 shards, RNG states), rank 0 writes,
         all wait for the write, so no rank runs ahead of a checkpoint that may yet fail."""
         model_state, optim_state = parallel.full_state(self.model, self.draft, self.optimizer)
-        rng_states = dist.all_gather_objects(ckpt.rng_state())
+        rng_states = self.par.all_gather(ckpt.rng_state())
         vocab = {"draft_ids": self.vocab.draft_ids.to(torch.int64), "d2t": self.vocab.d2t.to(torch.int64),
                  "t2d": self.vocab.t2d.to(torch.bool)}
         meta = {
-            "data_epoch": self.epoch,  # where the data order resumes: (epoch, conversations done in it)
-            "row_pos": self.row_pos,
-            "batch_pos": self.batch_pos,  # global micro-batches done in the epoch
-            "global_batch": self.global_batch,  # the batch the rest of the epoch is grouped with (group_by_length)
-            "world_size": self.ranks.world,
-            "parallel": self.cfg.train.parallel if self.ranks.world > 1 else None,
+            **self.par.position_meta(self.pos),  # where the data order resumes, whatever the ranks then
             "data_order": self.data_order(),
             "total_steps": self.total_steps,
             "tokens_seen": self.tokens_seen,  # x of a tau-vs-training-tokens curve (bench/tau_curve.py)
@@ -691,21 +413,17 @@ class Trainer:
         }
         if hasattr(self.family, "checkpoint_meta"):  # the family's own facts (DFlash: block size, mask token, ids)
             meta.update(self.family.checkpoint_meta(self.draft))
-        # Named after the epoch of the last batch consumed (a finished epoch E is not "epoch E+1").
-        name_epoch = self.epoch - 1 if self.batch_pos == 0 and self.epoch > 0 else self.epoch
-        if self.ranks.main:
-            path = ckpt.save_checkpoint(
-                self.ckpt_root, name_epoch, self.step,
-                model_state=model_state,
-                model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
-                vocab=vocab,
-                optim_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
-                meta=meta,
-                run_config_yaml=dump_config(self.cfg),
-                rng_states=rng_states,
-            )
-        dist.barrier()
-        return self.ckpt_root / ckpt.checkpoint_name(name_epoch, self.step) if not self.ranks.main else path
+        self.par.on_main(lambda: ckpt.save_checkpoint(
+            self.ckpt_root, self.pos.name_epoch, self.step,
+            model_state=model_state,
+            model_config=self.draft.export_config(self.aux_ids, torch_dtype="float32"),
+            vocab=vocab,
+            optim_state={"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
+            meta=meta,
+            run_config_yaml=dump_config(self.cfg),
+            rng_states=rng_states,
+        ))
+        return self.ckpt_root / ckpt.checkpoint_name(self.pos.name_epoch, self.step)
 
 
 def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
@@ -714,11 +432,11 @@ def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool
     the setup summary (:meth:`Trainer.describe`) one line at a time before the loop starts."""
     trainer = Trainer(cfg, resume=resume, progress=progress)
     try:
-        if announce and trainer.ranks.main:
+        if announce and trainer.par.main:
             note = aux_order_note(cfg)  # the ids in meta.json and the export differ from the config's: say why
             for line in ([note] if note else []) + trainer.describe():
                 announce(line)
         return trainer.run()
     finally:
         trainer.engine.close()
-        dist.shutdown()
+        trainer.par.close()

@@ -1,4 +1,6 @@
-"""The train bar under a time budget (``train.max_time_s``).
+"""What a training run shows its user: the setup summary (:func:`setup_lines`) and the train bar.
+
+The train bar under a time budget (``train.max_time_s``):
 
 Under a budget the time left is known exactly (budget - elapsed), so the bar shows that rather than
 tqdm's guess, and its total is the step the budget is expected to stop at. Step times vary a lot
@@ -10,7 +12,7 @@ costs (allocation, the first prefetch), is left out of that rate once a second s
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from tqdm import tqdm
 
@@ -71,3 +73,32 @@ class TrainBar(tqdm):
         d = super().format_dict
         d["budget_left"] = self.format_interval(self.left_s) if self.left_s is not None else "?"
         return d
+
+
+def setup_lines(trainer: Any) -> list[str]:
+    """What the trainer's setup found, printed before training by ``train`` and ``demo``: the data
+    report (rows kept, bad rows by reason), the split, the draft vocab, the aux layers, the budget,
+    the ranks and batch, and a resume's note."""
+    t = trainer.cfg.train
+    n_convs = len(trainer.train_set) + len(trainer.eval_set) + trainer.dropped
+    lines = [trainer.data_report.summary()]
+    lines += [f"data: first {kind!r}: {msg}" for kind, msg in list(trainer.data_report.first_errors.items())[:3]]
+    if trainer.dropped:
+        lines.append(f"data: {trainer.dropped} of {n_convs} conversations dropped (no assistant token within "
+                     f"data.max_length={trainer.cfg.data.max_length})")
+    vocab, held = trainer.vocab, trainer.held_out_coverage
+    lines.append(f"setup: {len(trainer.train_set)} train / {len(trainer.eval_set)} held-out conversations, draft vocab "
+                 f"{vocab.draft_ids.numel()} of {trainer.info.vocab_size} (coverage {vocab.coverage:.3f} train"
+                 + (f", {held:.3f} held-out" if held is not None else "") + "), "
+                 f"aux layers {trainer.aux_ids}; {trainer.held_out_from}")
+    steps = (f"{trainer.total_steps} steps ({trainer.steps_per_epoch}/epoch x {t.epochs} epochs"
+             + (f", capped by train.max_steps={t.max_steps})" if t.max_steps is not None else ")"))
+    start = f" from step {trainer.step}" if trainer.step else ""
+    if t.max_time_s is not None:
+        lines.append(f"budget: up to {t.max_time_s:.0f} s of training (train.max_time_s), at most {steps}{start}")
+    else:
+        lines.append(f"budget: {steps}{start}")
+    lines.append(trainer.par.describe(t.grad_accum, trainer.bf16))
+    if trainer.resume_note:
+        lines.append(trainer.resume_note)
+    return lines

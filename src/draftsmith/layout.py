@@ -1,0 +1,73 @@
+"""Where a run's checkpoints sit on disk, and reading that layout back (DESIGN section 5).
+
+``train/checkpoint.py`` writes this layout; ``eval``, ``serve`` and the demo only read it, so the
+reading lives here, below all of them, and none of them imports the trainer's package to find a
+meta.json::
+
+    <output_dir>/checkpoints/
+      epoch_<E>_step_<S>/
+        model/consolidated/{config.json, model.safetensors}   # the servable draft (MODEL_SUBDIR)
+        vocab.safetensors, optim.pt, rng.pt, meta.json, config.yaml
+      LATEST -> epoch_<E>_step_<S>                          # moved only after a complete write
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from draftsmith.weights import CheckpointError
+
+MODEL_SUBDIR = Path("model") / "consolidated"
+REQUIRED_FILES = (
+    MODEL_SUBDIR / "config.json",
+    MODEL_SUBDIR / "model.safetensors",
+    Path("vocab.safetensors"),
+    Path("optim.pt"),
+    Path("rng.pt"),
+    Path("meta.json"),
+)
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    """The directory name of the checkpoint after optimizer step ``step`` of data epoch ``epoch``."""
+    return f"epoch_{epoch}_step_{step}"
+
+
+def find_meta(path: Path) -> dict:
+    """The meta.json of the checkpoint holding ``path`` (a checkpoint dir or a dir up to 3 levels inside
+    it, e.g. model/consolidated), or {} when there is none (a vLLM export, a bare draft dir)."""
+    path = Path(path)
+    for parent in [path, *path.parents][:4]:
+        meta = parent / "meta.json"
+        if meta.is_file():
+            try:
+                return json.loads(meta.read_text())
+            except (ValueError, UnicodeDecodeError):
+                raise CheckpointError(f"{meta}: not valid JSON; the checkpoint is damaged, use another") from None
+    return {}
+
+
+def latest_checkpoint(root: Path) -> Optional[Path]:
+    """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
+    link = Path(root) / "LATEST"
+    if not (link.is_symlink() or link.exists()):
+        return None
+    target = Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
+    return target
+
+
+def resolve_resume(path: Path) -> Path:
+    """Accept a checkpoint dir, a ``checkpoints/`` root, or a run output dir; return the checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"--resume: '{path}' does not exist; pass a checkpoint dir (epoch_<E>_step_<S>) or the run's output dir")
+    for root in (path, path / "checkpoints"):
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            return latest
+    return path
