@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from draftsmith.drafts import FAMILIES, DraftConfig, default_family
+from draftsmith.targets import TP_KWARG
 
 __all__ = ["ConfigError", "RunConfig", "TargetConfig", "DataConfig", "DraftConfig", "TrainConfig", "OutputConfig",
            "SECTIONS", "CHOICES", "build_config", "load_config", "dump_config", "parse_overrides", "draft_class"]
@@ -39,6 +40,7 @@ class TargetConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
     engine_kwargs: Optional[dict] = None  # passed to the engine, e.g. {max_model_len: 2048, gpu_memory_utilization: 0.5}
+    tp_size: Optional[int] = None  # vllm/sglang tensor-parallel degree (their tensor_parallel_size / tp_size); null = theirs (1)
     # engine `remote`: the target runs in `draftsmith serve-target` processes (DESIGN section 7)
     remote_urls: list[str] = field(default_factory=list)  # e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002]
     prefetch_depth: int = 1  # supervision requests in flight (0 = synchronous)
@@ -280,6 +282,15 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     if cfg.target.engine_kwargs and cfg.target.engine not in ("vllm", "sglang"):
         p.append(f"'target.engine_kwargs' is set but target.engine is '{cfg.target.engine}', which takes none; "
                  f"remove it or use vllm/sglang")
+    tp, tp_key = cfg.target.tp_size, TP_KWARG.get(cfg.target.engine)
+    if tp is not None and tp < 1:
+        p.append(f"'target.tp_size' = {tp}: expected an integer >= 1 (GPUs vllm/sglang shard the target over)")
+    elif tp is not None and tp_key is None:  # hf has no tensor parallelism of its own; remote/cache open no target here
+        p.append(f"'target.tp_size' is set but target.engine is '{cfg.target.engine}', which takes none; remove it, "
+                 f"or shard the target with vllm/sglang (co-located, or behind serve-target --tp-size)")
+    elif tp is not None and tp_key in (cfg.target.engine_kwargs or {}) and cfg.target.engine_kwargs[tp_key] != tp:
+        p.append(f"'target.tp_size' = {tp} but 'target.engine_kwargs.{tp_key}' = "
+                 f"{cfg.target.engine_kwargs[tp_key]!r}; give the degree once, as target.tp_size")
     if cfg.target.engine == "remote" and not cfg.target.remote_urls:
         p.append("'target.remote_urls' is empty but target.engine is 'remote'; list the serve-target URLs")
     if cfg.target.engine == "cache" and not cfg.target.cache_dir:

@@ -106,10 +106,13 @@ def split_rows(cfg: RunConfig, tokenizer: Any) -> Rows:
 
 def engine_options(cfg: RunConfig) -> dict:
     """The :func:`draftsmith.targets.open_engine` keyword arguments ``target.*`` asks for besides the
-    path, dtype and device: ``engine_kwargs``, the remote engine's options (its
-    draftsmith.remote.client.RemoteEngine arguments), the cache engine's dir."""
+    path, dtype and device: ``engine_kwargs`` (with ``tp_size`` folded in as the engine's own keyword),
+    the remote engine's options (its draftsmith.remote.client.RemoteEngine arguments), the cache engine's dir."""
+    from draftsmith.targets import tp_engine_kwargs
+
     t = cfg.target
-    options = {"engine_kwargs": t.engine_kwargs} if t.engine_kwargs else {}
+    kwargs = tp_engine_kwargs(t.engine, t.tp_size, t.engine_kwargs) if t.tp_size is not None else t.engine_kwargs
+    options = {"engine_kwargs": kwargs} if kwargs else {}
     if t.engine == "remote":
         options.update(urls=t.remote_urls, prefetch_depth=t.prefetch_depth, timeout_s=t.remote_timeout_s,
                        retries=t.remote_retries, backoff_s=t.remote_backoff_s,

@@ -278,11 +278,11 @@ def _quiet(_: str) -> None:
 
 def _open(job: _Job):
     """This rank's own engine (every rank loads the target; see build_cache for GPUs)."""
-    from draftsmith.targets import open_engine
+    from draftsmith.targets import TP_KWARG, open_engine, tp_engine_kwargs
 
-    kwargs = job.cfg.target.engine_kwargs
-    return open_engine(job.engine, job.target_path, dtype=job.cfg.target.dtype,
-                       **({"engine_kwargs": kwargs} if kwargs else {}))
+    t = job.cfg.target
+    kwargs = tp_engine_kwargs(job.engine, t.tp_size, t.engine_kwargs) if job.engine in TP_KWARG else t.engine_kwargs
+    return open_engine(job.engine, job.target_path, dtype=t.dtype, **({"engine_kwargs": kwargs} if kwargs else {}))
 
 
 def _write_shards(eng, job: _Job, out: Path, todo: list[int], bar, on_shard: Callable[[int, dict], None]

@@ -3,12 +3,53 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def cmd_serve_target(args: argparse.Namespace) -> int:
     from draftsmith.remote.server import run
 
     return run(args)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The :func:`draftsmith.targets.open_engine` keywords the engine flags ask for, checked before any
+    target loads: ``cache_dir`` (cache engine), ``engine_kwargs`` with ``--tp-size`` folded in (vllm, sglang).
+
+    Raises :class:`~draftsmith.remote.server.ServeTargetError` naming the flag, the value and the fix.
+    """
+    from draftsmith.remote.server import ServeTargetError
+    from draftsmith.targets import TP_KWARG, tp_engine_kwargs
+
+    engine, tp, raw = args.engine, getattr(args, "tp_size", None), getattr(args, "engine_kwargs", None)
+    if (engine == "cache") != bool(getattr(args, "cache_dir", None)):
+        raise ServeTargetError("--cache-dir is required with --engine cache and used only with it; "
+                               "pass both (a DIR built by `draftsmith cache`) or neither")
+    if tp is not None and tp < 1:
+        raise ServeTargetError(f"--tp-size {tp}: expected an integer >= 1 (GPUs vllm/sglang shard the target over)")
+    kwargs = None
+    if raw is not None:
+        try:
+            kwargs = json.loads(raw)
+        except ValueError:
+            kwargs = None
+        if not isinstance(kwargs, dict):
+            raise ServeTargetError(f"--engine-kwargs {raw!r}: not a JSON object; pass one such as "
+                                   "'{\"gpu_memory_utilization\": 0.8}' (quote it for the shell)")
+    if engine not in TP_KWARG:
+        given = [f for f, v in (("--tp-size", tp), ("--engine-kwargs", raw)) if v is not None]
+        if given:  # the hf engine has no tensor parallelism of its own: it runs on the one --device
+            how = ("the hf engine runs the target on one device (choose it with --device)" if engine == "hf"
+                   else "the cache engine serves stored features and opens no target")
+            raise ServeTargetError(f"{given[0]} with --engine {engine}: {how}; drop {' and '.join(given)}, "
+                                   f"or shard the target with --engine vllm or sglang")
+        return {"cache_dir": args.cache_dir} if engine == "cache" else {}
+    key = TP_KWARG[engine]
+    if tp is not None and key in (kwargs or {}) and kwargs[key] != tp:
+        raise ServeTargetError(f"--tp-size {tp} but --engine-kwargs sets {key}={kwargs[key]!r}; "
+                               f"give the degree once, with --tp-size")
+    merged = tp_engine_kwargs(engine, tp, kwargs)
+    return {"engine_kwargs": merged} if merged else {}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="where the hf engine runs the target: auto (cuda when present, else cpu), cpu, cuda, "
                         "cuda:N (vllm and sglang place the target themselves)")
+    p.add_argument("--tp-size", type=int, default=None,
+                   help="vllm/sglang: tensor-parallel degree, the GPUs the target is sharded over "
+                        "(vLLM tensor_parallel_size, SGLang tp_size); default: the engine's (1)")
+    p.add_argument("--engine-kwargs", default=None, metavar="JSON",
+                   help="vllm/sglang: a JSON object of extra keyword arguments for the engine (vllm.LLM, "
+                        "SGLang ServerArgs), e.g. '{\"gpu_memory_utilization\": 0.8}'; they override ours")
     p.add_argument("--aux-layer-ids", type=int, nargs="+", default=None, help="default layer ids (vLLM convention)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=8001, help="0 picks a free port (printed on the READY line)")

@@ -449,13 +449,12 @@ def run(args: argparse.Namespace) -> int:
     check_bind(args.host, token, args.insecure)  # before loading a (possibly huge) target
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    from draftsmith.remote.cli import engine_options
     from draftsmith.targets import open_engine
 
-    if (args.engine == "cache") != bool(getattr(args, "cache_dir", None)):
-        raise ServeTargetError("--cache-dir is required with --engine cache and used only with it; "
-                               "pass both (a DIR built by `draftsmith cache`) or neither")
+    options = engine_options(args)  # flag errors before loading a (possibly huge) target
     engine = open_engine(args.engine, args.target, dtype=args.dtype, device=engine_device(args.device, args.engine),
-                         **({"cache_dir": args.cache_dir} if args.engine == "cache" else {}))
+                         **options)
     limits = wire.Limits(max_body=args.max_body_mb << 20)
     if is_loopback(args.host):  # NCCL picks its own interfaces and skips lo: keep a loopback server on lo
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")

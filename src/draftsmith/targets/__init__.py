@@ -141,6 +141,23 @@ ENGINES: dict[str, str] = {
 }
 
 
+# Each engine's own name for its tensor-parallel degree: `serve-target --tp-size` and `target.tp_size`
+# are one spelling for both, translated here into the keyword the engine's constructor takes.
+TP_KWARG: dict[str, str] = {"vllm": "tensor_parallel_size", "sglang": "tp_size"}
+
+
+def tp_engine_kwargs(name: str, tp_size: Optional[int], engine_kwargs: Optional[dict]) -> dict:
+    """``engine_kwargs`` plus engine ``name``'s tensor-parallel keyword set to ``tp_size`` (None: unchanged).
+
+    Callers check first that ``name`` is in :data:`TP_KWARG` and that ``engine_kwargs`` does not
+    already give that keyword another value (their errors name their own flag or config key).
+    """
+    kwargs = dict(engine_kwargs or {})
+    if tp_size is not None:
+        kwargs[TP_KWARG[name]] = int(tp_size)
+    return kwargs
+
+
 def check_engine(name: str) -> None:
     """Fail fast (before data or the target loads) when engine ``name`` cannot run in this environment.
 

@@ -74,7 +74,8 @@ class SGLangRunner:
     """The :class:`~draftsmith.targets.runner.Runner` over SGLang's ``ModelRunner`` (one extend per batch).
 
     Radix cache and chunked prefill are off so each row's prefill computes every token;
-    ``engine_kwargs`` go to ``ServerArgs`` (e.g. ``mem_fraction_static``, ``tp_size``).
+    ``engine_kwargs`` go to ``ServerArgs`` (e.g. ``mem_fraction_static``, ``tp_size``); a ``tp_size``
+    above 1 is refused after ``ServerArgs`` takes it, since only TP rank 0 is loaded here.
     """
 
     def __init__(self, path: Path, dtype: str, num_layers: int, engine_kwargs: Optional[dict] = None):
@@ -85,6 +86,11 @@ class SGLangRunner:
                     chunked_prefill_size=-1, mem_fraction_static=0.5)
         args.update(engine_kwargs or {})
         self.server_args = ServerArgs(**args)
+        tp = int(getattr(self.server_args, "tp_size", 1) or 1)
+        if tp > 1:  # load_model below starts TP rank 0 only: with more ranks it would wait for them forever
+            raise TargetError(f"target.engine sglang: tp_size={tp} reached SGLang's ServerArgs, but this runner "
+                              f"loads TP rank 0 only (running every rank is not built yet); use tp_size 1, "
+                              f"or --engine vllm / target.engine: vllm with the same tp size")
         port_args = PortArgs.init_new(self.server_args)
         loaded = load_model(self.server_args, port_args, 0, 0)  # (gpu_id, tp_rank)
         self.mr = loaded[0] if isinstance(loaded, tuple) else loaded  # older releases also return a tokenizer
