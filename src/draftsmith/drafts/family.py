@@ -15,7 +15,7 @@ registered in ``drafts/__init__.py`` with :func:`draftsmith.drafts.register`. It
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional
 
@@ -112,7 +112,6 @@ class Family:
     required_keys: tuple[str, ...] = ()  # config.json keys doctor requires
     weight_rules: tuple[WeightRule, ...] = ()  # tensors its weights must / must not hold (EAGLE layout)
     article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
-    extra: dict = field(default_factory=dict)  # free-form facts a family's own code reads
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
