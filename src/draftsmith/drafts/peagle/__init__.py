@@ -7,6 +7,7 @@ draft composed of EAGLE-3's modules), ``infer.py`` (one-forward proposals and th
 
 from __future__ import annotations
 
+from ..eagle3 import FAMILY as EAGLE3
 from ..family import Family, KRule, WeightRule
 from .config import PEagleDraftConfig
 
@@ -28,8 +29,7 @@ FAMILY = Family(
     serve_k_missing="P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens",
     sglang_refusal="P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
                    "`draftsmith serve vllm` (vLLM's parallel drafting)",
-    required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
-                   "draft_vocab_size", "target_hidden_size"),
+    required_keys=EAGLE3.required_keys,  # the same EAGLE-layout config.json (it composes EAGLE-3's layers)
     weight_rules=(WeightRule("mask_hidden", present=True, problem=(
         "{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are not a "
         "P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from config.json, or pass "
