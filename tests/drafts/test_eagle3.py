@@ -388,3 +388,40 @@ def test_export_config_round_trip(rope_scaling):
     assert hf_cfg.rope_parameters["rope_theta"] == 5e5
     with pytest.raises(ValueError, match="num_aux=3"):
         d.export_config([1, 2])
+
+
+# ---- bounded memory: attention and loss in blocks of rows ------------------------------------
+
+
+@pytest.mark.parametrize("flags", [{}, dict(fc_norm=True, norm_output=True, norm_before_residual=True)])
+def test_blocked_attention_and_loss_equal_one_block(flags):
+    """Query blocks of the TTT attention and row blocks of the draft-vocab CE (both checkpointed) give
+    the one-block loss, metrics and gradients; the budgets force 2-7 rows a block of a 13-row batch."""
+    aux, ids, probs, mask = make_batch(t=13, seed=4)
+    ref = make_draft(seed=3, **flags)
+    out = ref(aux, ids, probs, mask)
+    out.loss.backward()
+    for scores, logits in ((2 * 2 * 13, 10**9), (10**9, 3 * VD), (7 * 2 * 2 * 13, VD)):
+        d = make_draft(seed=3, **flags)
+        d.max_score_elements, d.max_logit_elements = scores, logits
+        got = d(aux, ids, probs, mask)
+        got.loss.backward()
+        assert abs(float(got.loss.detach() / out.loss.detach()) - 1) < 1e-6
+        for name in ("step_correct", "prefix_correct", "step_count"):
+            assert torch.equal(getattr(got, name), getattr(out, name))
+        for (name, p), q in zip(d.named_parameters(), ref.parameters()):
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_attention_block_reads_only_the_keys_it_may_attend():
+    from draftsmith.drafts.eagle3.model import ttt_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k0, v0, k1, v1 = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(5))
+    whole = ttt_attention(q, [k0, k1], [v0, v1], 0.5, torch.ones(6, 6, dtype=torch.bool).tril())
+    # rows 2..3: step-0 keys 0..3 only; changing keys 4..5 cannot change them
+    k0b = k0.clone()
+    k0b[:, :, 4:] = 100.0
+    part = ttt_attention(q[:, :, 2:4], [k0b, k1], [v0, v1], 0.5, None, 2)
+    torch.testing.assert_close(part, whole[:, :, 2:4], rtol=1e-6, atol=1e-6)

@@ -49,8 +49,8 @@ import torch
 from draftsmith.remote import wire
 from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store,
                                     transfer_entries, transfer_plan)
-from draftsmith.targets import Batch
-from draftsmith.targets.contract import (SUPERVISION, TargetError, ascending_layer_ids, default_aux_layer_ids, supervise,
+from draftsmith.targets import Batch, supervision_for
+from draftsmith.targets.contract import (SUPERVISION, TargetError, ascending_layer_ids, default_aux_layer_ids,
                                         supervision_tensors, validate_layer_ids)
 
 
@@ -207,8 +207,7 @@ class TargetService:
                     raise wire.FrameError(f"features: vocab_id {str(vid)[:32]!r} is unknown here; POST /vocab-map first", 409,
                                           redo="vocab-map")
                 draft_ids = self.vocab_maps[vid] if kind.vocab else None
-                feats = self.engine.features(batch, layer_ids, logits=kind.logits)
-                sup = supervise(kind.name, batch, feats, draft_ids)
+                sup = supervision_for(self.engine, kind.name, batch, layer_ids, draft_ids)
                 self.stats["features_served"] += 1
             return self._answer(supervision_tensors(sup), session, channel)
         if mode == "features":

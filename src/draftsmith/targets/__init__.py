@@ -124,11 +124,45 @@ class ColocatedEngine:
 
     def supervision(self, kind: str, batches: Iterable[Batch], layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:
         """``(batch, supervision of kind)`` for each batch, in order (a generator: ``close()`` stops it)."""
-        from draftsmith.targets.contract import supervise, supervision_kind
+        from draftsmith.targets.contract import supervision_kind
 
-        logits = supervision_kind(kind).logits  # an unknown kind fails here, before any forward
+        supervision_kind(kind)  # an unknown kind fails here, before any forward
         for b in batches:
-            yield b, supervise(kind, b, self.features(b, layer_ids, logits=logits), self._draft_ids)  # type: ignore[attr-defined]
+            yield b, supervision_for(self, kind, b, layer_ids, self._draft_ids)  # type: ignore[arg-type]
+
+
+def target_head(engine: Any) -> Any:
+    """The engine's :class:`~draftsmith.targets.contract.TargetHead`: its own ``target_head()`` when it has
+    one (the hf engine: the model's norm and output modules), else its final norm weight, lm_head and
+    eps through :func:`~draftsmith.targets.contract.rebuild_logits` (engines that return states only)."""
+    from draftsmith.targets.contract import TargetHead
+
+    own = getattr(engine, "target_head", None)
+    if own is not None:
+        return own()
+    return TargetHead.from_weights(engine.final_norm_weight(), engine.lm_head_weight(), engine.info().rms_norm_eps)
+
+
+def supervision_for(engine: Any, kind: str, batch: Batch, layer_ids: Sequence[int], draft_ids: Optional["Tensor"]) -> Any:
+    """Supervision of ``kind`` for one batch from ``engine`` (co-located, or behind serve-target).
+
+    A kind that needs the target's logits gets them as the pre-norm state at layer id L, requested as one
+    more aux layer, and the target head that projects it: the supervision builds logits in chunks of
+    positions, so no engine hands over a (B, S, V) tensor (for a 128k vocabulary at 4k positions that
+    is 2 GiB in fp32). ``features.aux_hidden`` keeps only the draft's own ids, in their order.
+    """
+    from draftsmith.targets.contract import supervise, supervision_kind
+
+    k = supervision_kind(kind)
+    ids = list(layer_ids)
+    if not k.logits:
+        return supervise(kind, batch, engine.features(batch, ids, logits=False), draft_ids)
+    L = engine.info().num_layers
+    request = ids if L in ids else ids + [L]
+    feats = engine.features(batch, request, logits=False)  # aux (B, S, n [+1], H)
+    last = feats.aux_hidden[:, :, request.index(L)]  # (B, S, H) pre-norm state at id L
+    aux = feats.aux_hidden if len(request) == len(ids) else feats.aux_hidden[:, :, : len(ids)]
+    return supervise(kind, batch, Features(aux_hidden=aux), draft_ids, last_hidden=last, head=target_head(engine))
 
 
 # Dotted paths keep heavy engines lazy: importing this package never imports vllm or sglang.

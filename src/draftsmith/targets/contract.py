@@ -232,6 +232,68 @@ def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: fl
     return torch.nn.functional.linear(y, lm_head.to(h_last.dtype))
 
 
+# Rows of full-vocab logits built at once: 2**24 elements is 64 MiB in fp32, i.e. 130 positions of a
+# 128k vocabulary. A batch of T positions then never holds a (T, V) tensor; a tiny test target fits in
+# one chunk, where the chunked path runs exactly the unchunked ops.
+LOGITS_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class TargetHead:
+    """The target's head as a function: the pre-norm state at layer id L -> full-vocab logits.
+
+    ``project``: (N, H) -> (N, V) in the state's dtype (final norm, then the lm_head). Engines that
+    return states only use :func:`rebuild_logits` over their weights; the hf engine applies the
+    model's own norm and output modules, so its logits are the ones its forward would return.
+    """
+
+    project: Callable[[Tensor], Tensor]
+    vocab_size: int
+
+    @staticmethod
+    def from_weights(norm_weight: Tensor, lm_head: Tensor, eps: float) -> "TargetHead":
+        return TargetHead(lambda h: rebuild_logits(h, norm_weight, lm_head, eps), int(lm_head.shape[0]))
+
+
+def chunk_rows(vocab_size: int, max_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
+    """Rows of (rows, vocab_size) logits that fit ``max_elements`` (at least one row)."""
+    return max(1, int(max_elements) // max(int(vocab_size), 1))
+
+
+def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Tensor], *,
+                        max_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor]:
+    """The target's distribution over the draft vocab and whether its argmax lies there, by chunks of rows.
+
+    h_last (B, S, H) pre-norm state at layer id L -> probs (B, S, Vd) float32, in_draft (B, S) bool.
+    Per chunk of positions: logits (c, V) = head(h); top = argmax_V; probs = softmax(logits[:, draft_ids]
+    .float()); so at most one (c, V) logits tensor lives at a time, c = max_elements // V. Each row's
+    result is what the unchunked formula gives for that row; with one chunk the ops are identical.
+    ``draft_ids`` None: the full vocab (probs is then (B, S, V): a full-vocab draft needs it whole).
+    """
+    B, S, H = h_last.shape
+    flat = h_last.reshape(B * S, H)
+    rows = chunk_rows(head.vocab_size, max_elements)
+    ids = None if draft_ids is None else draft_ids.to(device=h_last.device, dtype=torch.long)
+    t2d = None
+    if ids is not None:
+        t2d = torch.zeros(head.vocab_size, dtype=torch.bool, device=h_last.device)
+        t2d[ids] = True
+    probs, in_draft = [], []
+    for r in range(0, B * S, rows):
+        logits = head.project(flat[r : r + rows])  # (c, V) in the target's dtype
+        top = logits.argmax(dim=-1)  # (c,) full-vocab argmax
+        if ids is None:
+            in_draft.append(torch.ones_like(top, dtype=torch.bool))
+            probs.append(torch.softmax(logits.float(), dim=-1))  # (c, V)
+        else:
+            in_draft.append(t2d[top])
+            probs.append(torch.softmax(logits.index_select(-1, ids).float(), dim=-1))  # (c, Vd)
+        del logits
+    p = probs[0] if len(probs) == 1 else torch.cat(probs)
+    m = in_draft[0] if len(in_draft) == 1 else torch.cat(in_draft)
+    return p.reshape(B, S, -1), m.reshape(B, S)
+
+
 @dataclass
 class Eagle3Supervision:
     """EAGLE-3 training inputs and targets for one batch (slot t predicts token_{t+2}).
@@ -250,34 +312,37 @@ class Eagle3Supervision:
     position_mask: Tensor
 
 
-def eagle3_supervision(batch: "Batch", features: "Features", draft_ids: Optional[Tensor]) -> Eagle3Supervision:
-    """Turn a batch and its features (with logits) into EAGLE-3 supervision.
+def eagle3_supervision(batch: "Batch", features: "Features", draft_ids: Optional[Tensor], *,
+                       last_hidden: Optional[Tensor] = None, head: Optional[TargetHead] = None,
+                       max_elements: int = LOGITS_CHUNK_ELEMENTS) -> Eagle3Supervision:
+    """Turn a batch and its features into EAGLE-3 supervision.
 
     ``draft_ids`` (Vd,) int64 lists the target-vocab id of each draft-vocab entry (``t = d + d2t[d]``);
-    ``None`` means the draft predicts the full vocab. Draft columns are indexed before the softmax so
-    no (B, T, V) float32 copy is made:
+    ``None`` means the draft predicts the full vocab. The target's logits come either from
+    ``last_hidden`` (B, S, H), the pre-norm state at layer id L, through ``head`` in chunks of positions
+    (:func:`draft_vocab_targets`: no (B, S, V) tensor is ever built), or from ``features.logits``
+    (B, S, V) when an engine returned them whole. Either way:
         target_probs = softmax(logits_shifted[..., draft_ids].float())          # renormalised over Vd
         position_mask = loss_mask_shifted & t2d[argmax_V logits_shifted]
     """
-    if features.logits is None:
-        raise TargetError("features.logits is None; EAGLE-3 supervision needs the engine to return logits=True")
-    logits = features.logits  # (B, S, V), any float dtype
-    V = logits.shape[-1]
-    # Shifting logits first would copy (B, S, V); shift the small reductions instead, they commute.
-    top = logits.argmax(dim=-1)  # (B, S) full-vocab argmax
-    if draft_ids is None:
-        in_draft = torch.ones_like(top, dtype=torch.bool)
-        probs = torch.softmax(logits.float(), dim=-1)  # (B, S, V)
+    if last_hidden is not None:
+        if head is None:
+            raise TargetError("eagle3 supervision: last_hidden given without the target head; pass head=TargetHead")
+        probs, in_draft = draft_vocab_targets(last_hidden, head, draft_ids, max_elements=max_elements)
+        device = last_hidden.device
+    elif features.logits is not None:
+        logits = features.logits  # (B, S, V), any float dtype
+        flat = TargetHead(lambda x: x, int(logits.shape[-1]))  # rows are already logits
+        probs, in_draft = draft_vocab_targets(logits, flat, draft_ids, max_elements=logits.numel())
+        device = logits.device
     else:
-        draft_ids = draft_ids.to(device=logits.device, dtype=torch.long)
-        t2d = torch.zeros(V, dtype=torch.bool, device=logits.device)
-        t2d[draft_ids] = True
-        in_draft = t2d[top]  # (B, S) argmax lies in the draft vocab
-        probs = torch.softmax(logits.index_select(-1, draft_ids).float(), dim=-1)  # (B, S, Vd)
-    loss_mask = shift_left(batch.loss_mask.to(logits.device))
+        raise TargetError("eagle3 supervision needs the target's logits: features.logits is None and no layer-L "
+                          "state was given; call features(..., logits=True) or targets.supervision_for")
+    # Shifting the (B, S, Vd) probs and the small masks rather than the logits: they commute.
+    loss_mask = shift_left(batch.loss_mask.to(device))
     return Eagle3Supervision(
         aux_hidden=features.aux_hidden,
-        input_ids=shift_left(batch.input_ids.to(logits.device)),
+        input_ids=shift_left(batch.input_ids.to(device)),
         loss_mask=loss_mask,
         target_probs=shift_left(probs),
         position_mask=loss_mask.bool() & shift_left(in_draft),
@@ -362,8 +427,10 @@ def dflash_kd_supervision(batch: "Batch", features: "Features") -> DFlashKDSuper
 class SupervisionKind:
     """One kind of supervision: its dataclass (field names = wire tensor names) and its builder.
 
-    ``build(batch, features, draft_ids)``: draft_ids (Vd,) int64 or None (full vocab) is passed
-    only when ``vocab`` is True. ``logits``: the engine must return full-vocab logits for it.
+    ``build(batch, features[, draft_ids][, last_hidden=, head=])``: draft_ids (Vd,) int64 or None (full
+    vocab) is passed only when ``vocab`` is True. ``logits``: the kind needs the target's logits; the
+    engine then returns the pre-norm state at layer id L and the builder gets it with the target head
+    when ``last`` is True (it projects rows in chunks), else the logits built whole from them.
     """
 
     name: str
@@ -371,6 +438,7 @@ class SupervisionKind:
     build: Callable[..., Any]
     logits: bool
     vocab: bool
+    last: bool = False
 
     @property
     def tensor_names(self) -> tuple[str, ...]:
@@ -378,7 +446,7 @@ class SupervisionKind:
 
 
 SUPERVISION: dict[str, SupervisionKind] = {
-    "eagle3": SupervisionKind("eagle3", Eagle3Supervision, eagle3_supervision, logits=True, vocab=True),
+    "eagle3": SupervisionKind("eagle3", Eagle3Supervision, eagle3_supervision, logits=True, vocab=True, last=True),
     "dflash": SupervisionKind("dflash", DFlashSupervision, dflash_supervision, logits=False, vocab=False),
     "dflash_kd": SupervisionKind("dflash_kd", DFlashKDSupervision, dflash_kd_supervision, logits=True, vocab=False),
 }
@@ -392,10 +460,22 @@ def supervision_kind(name: str) -> SupervisionKind:
     return kind
 
 
-def supervise(kind: str, batch: "Batch", features: "Features", draft_ids: Optional[Tensor]) -> Any:
-    """Supervision of ``kind`` for ``batch`` from its ``features`` (``draft_ids`` ignored by vocab-free kinds)."""
+def supervise(kind: str, batch: "Batch", features: "Features", draft_ids: Optional[Tensor], *,
+              last_hidden: Optional[Tensor] = None, head: Optional[TargetHead] = None) -> Any:
+    """Supervision of ``kind`` for ``batch`` from its ``features`` (``draft_ids`` ignored by vocab-free kinds).
+
+    ``last_hidden`` (B, S, H) with ``head``: the target's logits as the layer-L state and the head that
+    projects it (what engines return for kinds that need logits; see :func:`supervision_for`).
+    """
     k = supervision_kind(kind)
-    return k.build(batch, features, draft_ids) if k.vocab else k.build(batch, features)
+    args = (batch, features, draft_ids) if k.vocab else (batch, features)
+    if last_hidden is None:
+        return k.build(*args)
+    if k.last:
+        return k.build(*args, last_hidden=last_hidden, head=head)
+    # A kind that reads logits whole: build them once from the state (the old (B, S, V) path).
+    full = head.project(last_hidden.reshape(-1, last_hidden.shape[-1])).reshape(*last_hidden.shape[:2], -1)
+    return k.build(batch, type(features)(aux_hidden=features.aux_hidden, logits=full), *args[2:])
 
 
 def supervision_tensors(sup: Any) -> dict[str, Tensor]:

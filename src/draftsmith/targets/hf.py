@@ -131,6 +131,21 @@ class HFEngine(ColocatedEngine):
         aux = torch.stack(picked, dim=2)  # n x (B, S, H) -> (B, S, n, H)
         return Features(aux_hidden=aux, logits=out.logits if logits else None)
 
+    def target_head(self):
+        """The model's own head as a :class:`~draftsmith.targets.contract.TargetHead`: its final norm
+        module, then its output embedding, the two modules its forward applies to layer id L's state, so
+        logits built from the state in chunks are the forward's logits row for row."""
+        from draftsmith.targets.contract import TargetHead
+
+        model, norm = self.model, self._norm
+        out = model.get_output_embeddings()
+
+        def project(h: Tensor) -> Tensor:  # (N, H) -> (N, V)
+            with torch.no_grad():
+                return out(norm(h)) if out is not None else torch.nn.functional.linear(norm(h), self.embeddings())
+
+        return TargetHead(project, int(self.lm_head_weight().shape[0]))
+
     # ------------------------------------------------------------------ weights
     def embeddings(self) -> Tensor:
         """(V, H) input embedding; shares storage with the target (copy before modifying)."""

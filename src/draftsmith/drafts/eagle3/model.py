@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
                       repeat_kv)
@@ -268,12 +269,64 @@ def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
     return self.lm_head(normed).float()
 
 
+# Elements of one attention-score block ((B, h, rows, T) fp32) and of one block of draft-vocab logits
+# ((rows, Vd) fp32): 2**24 is 64 MiB. Below it a TTT step runs as one block, exactly as written; above it
+# (long rows, big vocabularies) it runs in blocks of query rows under activation checkpointing, so memory
+# grows linearly in T instead of (T^2 h) for the scores and (T Vd) per step for the logits.
+MAX_BLOCK_ELEMENTS = 1 << 24
+
+
+def attention_rows(heads: int, keys: int, max_elements: int) -> int:
+    """Query rows per attention block: ``heads`` (B * h) x rows x ``keys`` scores within ``max_elements``."""
+    return max(1, int(max_elements) // max(int(heads) * int(keys), 1))
+
+
+def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], scale: float,
+                  causal: Optional[torch.Tensor] = None, start: int = 0) -> torch.Tensor:
+    """Step-k TTT attention for query rows ``start .. start + r`` (all rows when q has T of them).
+
+    q (B, h, r, d); keys/values: k + 1 tensors (B, h, T, d), step 0's and the diagonal ones of steps
+    1..k. Query t attends over step-0 keys 0..t (the index rule key <= query: ``causal`` (T, T) when
+    given, else built for these rows) and over keys[j][t] for j = 1..k, in one softmax:
+        s0 (B, h, r, t') | diag_j (B, h, r) -> probs (B, h, r, t' + k) -> out (B, h, r, d)
+    Only keys 0 .. start + r - 1 can be attended, so a block reads no more of step 0 than it needs.
+    """
+    r = q.shape[2]
+    end = start + r
+    k0, v0 = keys[0][:, :, :end], values[0][:, :, :end]
+    if causal is None:  # (r, end): key position <= query position
+        rows = torch.arange(start, end, device=q.device)[:, None]
+        causal = torch.arange(end, device=q.device)[None, :] <= rows
+    s0 = (q @ k0.transpose(-1, -2)).float() * scale
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [((q * kj[:, :, start:end]).sum(-1)).float() * scale for kj in keys[1:]]  # each (B, h, r)
+    probs = torch.cat([s0] + [d[..., None] for d in diag], dim=-1).softmax(-1)  # (B, h, r, end + k)
+    probs = probs.to(v0.dtype)
+    out = probs[..., :end] @ v0  # (B, h, r, d)
+    for j in range(1, len(keys)):
+        out = out + probs[..., end + j - 1, None] * values[j][:, :, start:end]
+    return out
+
+
+def soft_ce_block(head: Callable[[torch.Tensor], torch.Tensor], normed: torch.Tensor,
+                  probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft cross-entropy sum and top-1 hits of rows ``normed`` (N, H) against ``probs`` (N, Vd).
+
+    logits = head(normed) (N, Vd) fp32; ce = -sum_v probs * log_softmax(logits); hit = argmax agrees.
+    """
+    logits = head(normed)
+    ce = -(probs * logits.log_softmax(-1)).sum(-1).sum()  # (N,) -> (), the unblocked reduction order
+    return ce, (logits.detach().argmax(-1) == probs.argmax(-1))
+
+
 class Eagle3Draft(nn.Module):
     """EAGLE-3 / 3.1 draft with the training-time-test (TTT) unroll, loss and acceptance metrics."""
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         add_eagle_modules(self, cfg)
+        self.max_score_elements = MAX_BLOCK_ELEMENTS  # attention scores per block (see attention_rows)
+        self.max_logit_elements = MAX_BLOCK_ELEMENTS  # draft-vocab logits per block of loss rows
 
     # the EAGLE head (above), shared with P-EAGLE
     set_vocab_map = set_vocab_map
@@ -314,15 +367,14 @@ class Eagle3Draft(nn.Module):
             q, key, value = layer.self_attn.project(x, cos, sin)
             keys.append(repeat_kv(key, n_rep))
             values.append(repeat_kv(value, n_rep))
-            # scores: (B, h, T, T) against step-0 keys (causal) | (B, h, T, k) diagonals of steps 1..k
-            s0 = (q @ keys[0].transpose(-1, -2)).float() * scale
-            s0 = s0.masked_fill(~causal, float("-inf"))
-            diag = [((q * kj).sum(-1)).float() * scale for kj in keys[1:]]  # each (B, h, T)
-            probs = torch.cat([s0] + [d[..., None] for d in diag], dim=-1).softmax(-1)  # (B, h, T, T+k)
-            probs = probs.to(values[0].dtype)
-            out = probs[..., :t] @ values[0]  # (B, h, T, d)
-            for j in range(1, k + 1):
-                out = out + probs[..., t + j - 1, None] * values[j]
+            rows = attention_rows(b * q.shape[1], t, self.max_score_elements)
+            if rows >= t:  # the whole (B, h, T, T) score tensor fits the budget: one block, no recompute
+                out = ttt_attention(q, keys, values, scale, causal)
+            else:  # query blocks, each recomputed in backward: autograd keeps no (B, h, T, T) tensor
+                # tuple(): the recompute in backward must see this step's k + 1 keys, not the list grown since
+                kv = (tuple(keys), tuple(values))
+                out = torch.cat([checkpoint(ttt_attention, q[:, :, a : a + rows], *kv, scale, None, a,
+                                            use_reentrant=False) for a in range(0, t, rows)], dim=2)
             h_pre = layer.finish(out, residual=layer.residual(h))
             normed = self.model.norm(h_pre)
             yield Eagle3Step(h_pre, self.compute_logits(normed) if logits else None, normed)
@@ -355,14 +407,23 @@ class Eagle3Draft(nn.Module):
             scored_k = shift_left(loss_mask, k).bool() | mask_k  # (B, T) rows the metrics count
             # The lm_head, log-softmax and CE run on supervised rows only: (N, H) -> (N, Vd). That
             # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
-            probs_k = shift_left(target_probs, k)[mask_k].float()  # (N, Vd)
-            logits_k = self.compute_logits(step.normed[mask_k])  # (N, Vd)
-            ce = -(probs_k * logits_k.log_softmax(-1)).sum(-1)  # (N,)
-            ce_sums.append(ce.sum())
+            # Row (b, t) of step k learns target_probs[b, t + k]: gathered, so no shifted (B, T, Vd) copy.
+            bi, ti = mask_k.nonzero(as_tuple=True)
+            probs_k = target_probs[bi, ti + k].float()  # (N, Vd)
+            normed_k = step.normed[mask_k]  # (N, H)
+            n, vd = probs_k.shape
+            rows = max(1, self.max_logit_elements // max(vd, 1))
+            if n <= rows:
+                ce, top = soft_ce_block(self.compute_logits, normed_k, probs_k)
+            else:  # blocks of rows recomputed in backward: no (N, Vd) logits kept per step
+                parts_k = [checkpoint(soft_ce_block, self.compute_logits, normed_k[a : a + rows], probs_k[a : a + rows],
+                                      use_reentrant=False) for a in range(0, n, rows)]
+                ce, top = torch.stack([c for c, _ in parts_k]).sum(), torch.cat([h for _, h in parts_k])
+            ce_sums.append(ce)
             loss_counts.append(mask_k.sum())
             with torch.no_grad():
                 hit = torch.zeros_like(mask_k)  # False at out-of-draft-vocab loss positions: a miss
-                hit[mask_k] = logits_k.argmax(-1) == probs_k.argmax(-1)
+                hit[mask_k] = top
                 prefix = hit if prefix is None else prefix & hit  # chain from the same start t
                 correct.append(hit.sum())
                 prefix_hits.append(prefix.sum())
