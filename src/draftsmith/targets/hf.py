@@ -74,6 +74,20 @@ class HFEngine(ColocatedEngine):
         self._norm = final_norm(self.model)
         self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
 
+    @classmethod
+    def from_model(cls, model, *, dtype: str, tokenizer=None) -> "HFEngine":
+        """An engine over an already-loaded HF causal LM (kept on its device, frozen, eval mode), e.g.
+        a target built from a config in a benchmark or one a user has loaded their own way."""
+        if dtype not in DTYPES:
+            raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        eng = cls.__new__(cls)
+        eng.path, eng.dtype, eng.tokenizer = Path(getattr(model.config, "_name_or_path", "") or "."), dtype, tokenizer
+        eng.model = model.eval().requires_grad_(False)
+        eng.device = next(model.parameters()).device
+        eng._norm = final_norm(model)
+        eng._num_layers = int(model.config.get_text_config().num_hidden_layers)
+        return eng
+
     # ------------------------------------------------------------------ static facts
     def info(self) -> TargetInfo:
         """Architecture facts read from the loaded config and weights."""
