@@ -151,18 +151,24 @@ def supervision_for(engine: Any, kind: str, batch: Batch, layer_ids: Sequence[in
     positions, so no engine hands over a (B, S, V) tensor (for a 128k vocabulary at 4k positions that
     is 2 GiB in fp32). ``features.aux_hidden`` keeps only the draft's own ids, in their order.
     """
-    from draftsmith.targets.contract import supervise, supervision_kind
+    from draftsmith.targets.contract import TargetError, supervise, supervision_kind
 
     k = supervision_kind(kind)
     ids = list(layer_ids)
-    if not k.logits:
-        return supervise(kind, batch, engine.features(batch, ids, logits=False), draft_ids)
+    head = None
+    if k.logits:
+        try:
+            head = target_head(engine)
+        except TargetError:  # an engine that returns logits but not its head's weights: logits it is
+            pass
+    if head is None:
+        return supervise(kind, batch, engine.features(batch, ids, logits=k.logits), draft_ids)
     L = engine.info().num_layers
     request = ids if L in ids else ids + [L]
     feats = engine.features(batch, request, logits=False)  # aux (B, S, n [+1], H)
     last = feats.aux_hidden[:, :, request.index(L)]  # (B, S, H) pre-norm state at id L
     aux = feats.aux_hidden if len(request) == len(ids) else feats.aux_hidden[:, :, : len(ids)]
-    return supervise(kind, batch, Features(aux_hidden=aux), draft_ids, last_hidden=last, head=target_head(engine))
+    return supervise(kind, batch, Features(aux_hidden=aux), draft_ids, last_hidden=last, head=head)
 
 
 # Dotted paths keep heavy engines lazy: importing this package never imports vllm or sglang.
