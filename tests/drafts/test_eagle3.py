@@ -425,3 +425,21 @@ def test_attention_block_reads_only_the_keys_it_may_attend():
     k0b[:, :, 4:] = 100.0
     part = ttt_attention(q[:, :, 2:4], [k0b, k1], [v0, v1], 0.5, None, 2)
     torch.testing.assert_close(part, whole[:, :, 2:4], rtol=1e-6, atol=1e-6)
+
+
+def test_activation_checkpointing_changes_nothing_but_memory():
+    """Each TTT step recomputed in backward: the same loss and gradients (keys kept per step)."""
+    aux, ids, probs, mask = make_batch(t=11, seed=6)
+    outs = []
+    for ckpt in (False, True):
+        d = make_draft(seed=5, fc_norm=True, norm_output=True)
+        d.activation_checkpointing = ckpt
+        d.max_score_elements = 2 * 2 * 11 * 3  # attention blocks nested inside the checkpointed steps
+        out = d(aux, ids, probs, mask)
+        out.loss.backward()
+        outs.append((out, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}))
+    (a, ga), (b, gb) = outs
+    torch.testing.assert_close(a.loss.detach(), b.loss.detach(), rtol=1e-6, atol=0)
+    assert torch.equal(a.prefix_correct, b.prefix_correct) and ga.keys() == gb.keys()
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], rtol=1e-5, atol=1e-6, msg=n)

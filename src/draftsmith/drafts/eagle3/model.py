@@ -282,17 +282,19 @@ def attention_rows(heads: int, keys: int, max_elements: int) -> int:
 
 
 def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], scale: float,
-                  causal: Optional[torch.Tensor] = None, start: int = 0) -> torch.Tensor:
+                  causal: Optional[torch.Tensor] = None, start: int = 0, n_rep: int = 1) -> torch.Tensor:
     """Step-k TTT attention for query rows ``start .. start + r`` (all rows when q has T of them).
 
-    q (B, h, r, d); keys/values: k + 1 tensors (B, h, T, d), step 0's and the diagonal ones of steps
-    1..k. Query t attends over step-0 keys 0..t (the index rule key <= query: ``causal`` (T, T) when
+    q (B, h, r, d); keys/values: k + 1 tensors (B, h_kv, T, d), step 0's and the diagonal ones of steps
+    1..k, repeated to h = h_kv * n_rep heads here (GQA), so only the h_kv-head tensors are kept. Query t attends over step-0 keys 0..t (the index rule key <= query: ``causal`` (T, T) when
     given, else built for these rows) and over keys[j][t] for j = 1..k, in one softmax:
         s0 (B, h, r, t') | diag_j (B, h, r) -> probs (B, h, r, t' + k) -> out (B, h, r, d)
     Only keys 0 .. start + r - 1 can be attended, so a block reads no more of step 0 than it needs.
     """
     r = q.shape[2]
     end = start + r
+    keys = [repeat_kv(kj, n_rep) for kj in keys]
+    values = [repeat_kv(vj, n_rep) for vj in values]
     k0, v0 = keys[0][:, :, :end], values[0][:, :, :end]
     if causal is None:  # (r, end): key position <= query position
         rows = torch.arange(start, end, device=q.device)[:, None]
@@ -308,12 +310,14 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
     return out
 
 
-def soft_ce_block(head: Callable[[torch.Tensor], torch.Tensor], normed: torch.Tensor,
-                  probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Soft cross-entropy sum and top-1 hits of rows ``normed`` (N, H) against ``probs`` (N, Vd).
+def soft_ce_block(head: Callable[[torch.Tensor], torch.Tensor], normed: torch.Tensor, target_probs: torch.Tensor,
+                  rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft cross-entropy sum and top-1 hits of rows ``normed`` (N, H) against ``target_probs[rows, cols]``.
 
+    probs (N, Vd) are gathered here, so under checkpoint no gathered copy outlives the block;
     logits = head(normed) (N, Vd) fp32; ce = -sum_v probs * log_softmax(logits); hit = argmax agrees.
     """
+    probs = target_probs[rows, cols].float()  # (N, Vd)
     logits = head(normed)
     ce = -(probs * logits.log_softmax(-1)).sum(-1).sum()  # (N,) -> (), the unblocked reduction order
     return ce, (logits.detach().argmax(-1) == probs.argmax(-1))
@@ -327,6 +331,8 @@ class Eagle3Draft(nn.Module):
         add_eagle_modules(self, cfg)
         self.max_score_elements = MAX_BLOCK_ELEMENTS  # attention scores per block (see attention_rows)
         self.max_logit_elements = MAX_BLOCK_ELEMENTS  # draft-vocab logits per block of loss rows
+        # train.activation_checkpointing: each TTT step recomputed in backward (keeps its inputs, outputs, K/V)
+        self.activation_checkpointing = False
 
     # the EAGLE head (above), shared with P-EAGLE
     set_vocab_map = set_vocab_map
@@ -353,32 +359,42 @@ class Eagle3Draft(nn.Module):
         in one softmax, which is what inference sees after k drafted tokens. `logits=False` skips the
         lm_head so a caller can apply it to the supervised rows only.
         """
-        cfg, layer = self.cfg, self.model.layers[0]
+        cfg = self.cfg
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
-        n_rep, scale = cfg.num_attention_heads // cfg.num_key_value_heads, 1.0 / math.sqrt(cfg.head_dim)
-        causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()  # (T, T) key <= query
         h = self.combine(aux_hidden)  # (B, T, H)
-        keys: list[torch.Tensor] = []  # per step (B, h, T, d) after repeat_kv
-        values: list[torch.Tensor] = []
+        keys: tuple[torch.Tensor, ...] = ()  # per step (B, h_kv, T, d), before repeat_kv
+        values: tuple[torch.Tensor, ...] = ()
         for k in range(cfg.ttt_steps if steps is None else steps):
             cos, sin = self.rotary(positions + k if rope_step_offset else positions)
-            x = layer.fuse(self.model.embed_tokens(shift_left(input_ids, k)), h)  # (B, T, 2H)
-            q, key, value = layer.self_attn.project(x, cos, sin)
-            keys.append(repeat_kv(key, n_rep))
-            values.append(repeat_kv(value, n_rep))
-            rows = attention_rows(b * q.shape[1], t, self.max_score_elements)
-            if rows >= t:  # the whole (B, h, T, T) score tensor fits the budget: one block, no recompute
-                out = ttt_attention(q, keys, values, scale, causal)
-            else:  # query blocks, each recomputed in backward: autograd keeps no (B, h, T, T) tensor
-                # tuple(): the recompute in backward must see this step's k + 1 keys, not the list grown since
-                kv = (tuple(keys), tuple(values))
-                out = torch.cat([checkpoint(ttt_attention, q[:, :, a : a + rows], *kv, scale, None, a,
-                                            use_reentrant=False) for a in range(0, t, rows)], dim=2)
-            h_pre = layer.finish(out, residual=layer.residual(h))
-            normed = self.model.norm(h_pre)
+            args = (h, shift_left(input_ids, k), cos, sin, keys, values)
+            if self.activation_checkpointing and torch.is_grad_enabled():  # keeps the step's inputs and outputs only
+                h_pre, normed, key, value = checkpoint(self.ttt_step, *args, use_reentrant=False)
+            else:
+                h_pre, normed, key, value = self.ttt_step(*args)
+            keys, values = (*keys, key), (*values, value)
             yield Eagle3Step(h_pre, self.compute_logits(normed) if logits else None, normed)
             h = normed if cfg.norm_output else h_pre  # fed back unshifted
+
+    def ttt_step(self, h: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]):
+        """One TTT step: state h (B, T, H) and ids (B, T) (already shifted by k) with the k earlier steps'
+        keys/values (B, h_kv, T, d) -> (h_pre, norm(h_pre), this step's key, value)."""
+        cfg, layer = self.cfg, self.model.layers[0]
+        b, t = ids.shape
+        n_rep, scale = cfg.num_attention_heads // cfg.num_key_value_heads, 1.0 / math.sqrt(cfg.head_dim)
+        x = layer.fuse(self.model.embed_tokens(ids), h)  # (B, T, 2H)
+        q, key, value = layer.self_attn.project(x, cos, sin)
+        kv = ((*keys, key), (*values, value))
+        rows = attention_rows(b * q.shape[1], t, self.max_score_elements)
+        if rows >= t:  # the whole (B, h, T, T) score tensor fits the budget: one block, no recompute
+            causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()  # (T, T) key <= query
+            out = ttt_attention(q, *kv, scale, causal, 0, n_rep)
+        else:  # query blocks, each recomputed in backward: autograd keeps no (B, h, T, T) tensor
+            out = torch.cat([checkpoint(ttt_attention, q[:, :, a : a + rows], *kv, scale, None, a, n_rep,
+                                        use_reentrant=False) for a in range(0, t, rows)], dim=2)
+        h_pre = layer.finish(out, residual=layer.residual(h))
+        return h_pre, self.model.norm(h_pre), key, value
 
     def forward(
         self,
@@ -409,15 +425,15 @@ class Eagle3Draft(nn.Module):
             # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
             # Row (b, t) of step k learns target_probs[b, t + k]: gathered, so no shifted (B, T, Vd) copy.
             bi, ti = mask_k.nonzero(as_tuple=True)
-            probs_k = target_probs[bi, ti + k].float()  # (N, Vd)
+            ti = ti + k
             normed_k = step.normed[mask_k]  # (N, H)
-            n, vd = probs_k.shape
+            n, vd = normed_k.shape[0], target_probs.shape[-1]
             rows = max(1, self.max_logit_elements // max(vd, 1))
             if n <= rows:
-                ce, top = soft_ce_block(self.compute_logits, normed_k, probs_k)
-            else:  # blocks of rows recomputed in backward: no (N, Vd) logits kept per step
-                parts_k = [checkpoint(soft_ce_block, self.compute_logits, normed_k[a : a + rows], probs_k[a : a + rows],
-                                      use_reentrant=False) for a in range(0, n, rows)]
+                ce, top = soft_ce_block(self.compute_logits, normed_k, target_probs, bi, ti)
+            else:  # blocks of rows recomputed in backward: no (N, Vd) logits or probs kept per step
+                parts_k = [checkpoint(soft_ce_block, self.compute_logits, normed_k[a : a + rows], target_probs,
+                                      bi[a : a + rows], ti[a : a + rows], use_reentrant=False) for a in range(0, n, rows)]
                 ce, top = torch.stack([c for c, _ in parts_k]).sum(), torch.cat([h for _, h in parts_k])
             ce_sums.append(ce)
             loss_counts.append(mask_k.sum())
