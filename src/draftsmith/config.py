@@ -41,6 +41,7 @@ class TargetConfig:
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
     engine_kwargs: Optional[dict] = None  # passed to the engine, e.g. {max_model_len: 2048, gpu_memory_utilization: 0.5}
     tp_size: Optional[int] = None  # vllm/sglang tensor-parallel degree (their tensor_parallel_size / tp_size); null = theirs (1)
+    device_map: Optional[str] = None  # hf: auto (accelerate spreads the target over the GPUs) | null (on train.device)
     # engine `remote`: the target runs in `draftsmith serve-target` processes (DESIGN section 7)
     remote_urls: list[str] = field(default_factory=list)  # e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002]
     prefetch_depth: int = 1  # supervision requests in flight (0 = synchronous)
@@ -291,6 +292,15 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
     elif tp is not None and tp_key in (cfg.target.engine_kwargs or {}) and cfg.target.engine_kwargs[tp_key] != tp:
         p.append(f"'target.tp_size' = {tp} but 'target.engine_kwargs.{tp_key}' = "
                  f"{cfg.target.engine_kwargs[tp_key]!r}; give the degree once, as target.tp_size")
+    dm = cfg.target.device_map
+    if dm is not None and dm != "auto":
+        p.append(f"'target.device_map' = {dm!r}: expected auto (spread the target over the visible GPUs) or null "
+                 f"(the whole target on train.device)")
+    elif dm is not None and cfg.target.engine not in ("hf", "cache"):  # cache: `draftsmith cache` builds with hf
+        how = ("the servers place the target (serve-target --device-map auto)" if cfg.target.engine == "remote"
+               else "it places the target itself (shard it with target.tp_size)")
+        p.append(f"'target.device_map' is set but target.engine is '{cfg.target.engine}': {how}; remove it, "
+                 f"or use target.engine: hf")
     if cfg.target.engine == "remote" and not cfg.target.remote_urls:
         p.append("'target.remote_urls' is empty but target.engine is 'remote'; list the serve-target URLs")
     if cfg.target.engine == "cache" and not cfg.target.cache_dir:

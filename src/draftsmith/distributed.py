@@ -52,10 +52,13 @@ def ranks_from_env() -> Ranks:
     return ranks
 
 
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """``train.device`` -> a torch device. ``auto``: the local rank's GPU when CUDA is present (GPU
-    ``local_rank % count``), else the CPU; ``cpu``; ``cuda`` (= ``cuda:<local_rank>``); ``cuda:N``."""
+def resolve_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+    """``train.device`` (or a command's ``--device``) -> a torch device. ``auto``: the local rank's GPU
+    when CUDA is present (GPU ``local_rank % count``), else the CPU; ``cpu``; ``cuda`` (=
+    ``cuda:<local_rank>``); ``cuda:N``. Errors name ``key`` (the config key or the flag) and its fix."""
     spec = str(spec).strip().lower()
+    # how the fix is spelled: `train.device: cpu` in a run config, `--device cpu` on a command line
+    fix = f"{key} cpu" if key.startswith("--") else f"{key}: cpu"
     if spec == "auto":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return torch.device("cuda", local_rank % count) if count else torch.device("cpu")
@@ -63,18 +66,24 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if spec == "cuda" or spec.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise DistError(f"train.device {spec!r}: this machine has no CUDA GPU (torch {torch.__version__}); "
-                            "use train.device: cpu (or auto)")
+            raise DistError(f"{key} {spec!r}: this machine has no CUDA GPU (torch {torch.__version__}); "
+                            f"use {fix} (or auto)")
         index = local_rank if spec == "cuda" else spec.partition(":")[2]
         try:
             index = int(index)
         except ValueError:
-            raise DistError(f"train.device {spec!r}: expected auto, cpu, cuda or cuda:N") from None
+            raise DistError(f"{key} {spec!r}: expected auto, cpu, cuda or cuda:N") from None
         if not 0 <= index < torch.cuda.device_count():
-            raise DistError(f"train.device {spec!r}: GPU {index} does not exist ({torch.cuda.device_count()} "
+            raise DistError(f"{key} {spec!r}: GPU {index} does not exist ({torch.cuda.device_count()} "
                             "visible); use cuda (the local rank's GPU) or a smaller index")
         return torch.device("cuda", index)
-    raise DistError(f"train.device {spec!r}: expected auto, cpu, cuda or cuda:N")
+    raise DistError(f"{key} {spec!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def local_device(spec: str, key: str = "--device") -> torch.device:
+    """:func:`resolve_device` for this process's ``LOCAL_RANK`` (0 outside torchrun): where a command
+    that is not a training run (cache, regenerate, eval, serve-target) places its target."""
+    return resolve_device(spec, ranks_from_env().local_rank, key=key)  # the module's name: tests patch it
 
 
 # torch modules with ``group=dist.group.WORLD`` default arguments (torch.distributed.nn.functional,

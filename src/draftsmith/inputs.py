@@ -107,7 +107,8 @@ def split_rows(cfg: RunConfig, tokenizer: Any) -> Rows:
 def engine_options(cfg: RunConfig) -> dict:
     """The :func:`draftsmith.targets.open_engine` keyword arguments ``target.*`` asks for besides the
     path, dtype and device: ``engine_kwargs`` (with ``tp_size`` folded in as the engine's own keyword),
-    the remote engine's options (its draftsmith.remote.client.RemoteEngine arguments), the cache engine's dir."""
+    the remote engine's options (its draftsmith.remote.client.RemoteEngine arguments), the cache engine's dir,
+    the hf engine's ``device_map``."""
     from draftsmith.targets import tp_engine_kwargs
 
     t = cfg.target
@@ -120,4 +121,6 @@ def engine_options(cfg: RunConfig) -> dict:
                        data_plane=t.remote_data_plane)
     if t.engine == "cache":
         options["cache_dir"] = t.cache_dir
+    if t.engine == "hf" and t.device_map is not None:  # only when set: the other engines take no such keyword
+        options["device_map"] = t.device_map
     return options

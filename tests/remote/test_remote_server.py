@@ -142,14 +142,22 @@ def test_bind_rules():
         check_bind("0.0.0.0", None, False)
 
 
-def test_device_choice():
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert engine_device("auto", "hf") == ("cuda" if n else "cpu")
-    assert engine_device("cpu", "hf") == "cpu" and engine_device("cuda:7", "vllm") is None  # vllm places itself
-    with pytest.raises(ServeTargetError, match=r"--device: 'tpu' is not a device; use auto, cpu, cuda or cuda:N"):
+def test_device_choice(monkeypatch):
+    # --device is checked as train.device is (draftsmith.distributed.resolve_device), errors naming --device
+    assert engine_device("auto", "hf") == "cpu"  # tests/conftest.py: auto is the CPU outside gpu tests
+    assert engine_device("cpu", "hf") == "cpu" and engine_device("cpu", "cache") == "cpu"  # cache: its features
+    assert engine_device("cuda:7", "vllm") is None and engine_device("cuda", "sglang") is None  # they place it
+    with pytest.raises(ServeTargetError, match=r"--device 'tpu': expected auto, cpu, cuda or cuda:N"):
         engine_device("tpu", "hf")
-    with pytest.raises(ServeTargetError, match=rf"--device: 'cuda:{n}' but this machine has {n} CUDA device"):
-        engine_device(f"cuda:{n}", "hf")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ServeTargetError, match=r"--device 'cuda:0': this machine has no CUDA GPU .*; use --device "
+                                               r"cpu \(or auto\)"):
+        engine_device("cuda:0", "cache")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert engine_device("cuda", "hf") == "cuda:0" and engine_device("cuda:1", "hf") == "cuda:1"
+    with pytest.raises(ServeTargetError, match=r"--device 'cuda:2': GPU 2 does not exist \(2 visible\)"):
+        engine_device("cuda:2", "hf")
 
 
 def test_cli_refuses_a_public_bind_without_token_before_loading_the_target(tmp_path):

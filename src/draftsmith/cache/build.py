@@ -151,21 +151,26 @@ def _merge(out: Path, manifest: dict, plan: _Plan, entries: dict[int, dict]) -> 
 
 
 def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *, batch_size: Optional[int] = None,
-                shard_rows: int = 256, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+                shard_rows: int = 256, progress: bool = True, log: Callable[[str], None] = print,
+                device: Optional[str] = None) -> dict:
     """Build (or resume) the feature cache of ``cfg`` under ``out_dir``; returns the final manifest
     plus ``build``: {tokens, seconds} this call computed, over all ranks (not written to disk: the
     manifest stays byte-identical across resumed and uninterrupted builds).
 
     ``engine``: an engine name (hf, vllm, sglang) or None for ``target.engine`` (hf when that is
-    ``cache``). ``batch_size`` rows per forward (default ``train.batch_size``).
+    ``cache``). ``batch_size`` rows per forward (default ``train.batch_size``). ``device``: where the hf
+    engine runs the target (auto, cpu, cuda, cuda:N; the CLI's ``--device``), None for ``train.device``;
+    ``target.device_map: auto`` spreads it over the GPUs instead. The device is not a cache setting: a
+    build resumed on another device continues the same cache.
     A rerun with different settings raises :class:`CacheError` naming the setting.
 
     Under torchrun (``torchrun --nproc-per-node N -m draftsmith cache ...``; the CLI joins the process
     group) shard i is written by rank i % N and rank 0 writes the one manifest (see
-    :mod:`draftsmith.ranked`); the files equal a one-process build's. Each rank opens its own engine
-    (hf: on the CPU); vllm and sglang run one instance per rank, each on its own GPU (on one machine,
-    give each local rank its own ``CUDA_VISIBLE_DEVICES``): the ranks split the shards, they do not
-    form a vLLM data-parallel group. Progress and the summary come from rank 0 only.
+    :mod:`draftsmith.ranked`); the files equal a one-process build's on the same device. Each rank
+    opens its own engine (hf: on its device, ``auto`` = the local rank's GPU); vllm and sglang run one
+    instance per rank, each on its own GPU (on one machine, give each local rank its own
+    ``CUDA_VISIBLE_DEVICES``): the ranks split the shards, they do not form a vLLM data-parallel
+    group. Progress and the summary come from rank 0 only.
     """
     if shard_rows < 1 or (batch_size is not None and batch_size < 1):
         raise CacheError(f"--shard-rows {shard_rows}, --batch-size {batch_size}: expected integers >= 1")
@@ -175,7 +180,8 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     ranks = ranked.job_ranks(CacheError)
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out_dir)
-    job = _job(cfg, name, shard_rows, batch_size or cfg.train.batch_size)
+    placed = placement(cfg, name, device, ranks.local_rank)  # a bad device fails before the data renders
+    job = _job(cfg, name, shard_rows, batch_size or cfg.train.batch_size, placed)
     from draftsmith.inputs import aux_order_note
 
     if note := aux_order_note(cfg):  # the manifest holds the ids ascending, as training reads them
@@ -213,6 +219,7 @@ class _Job:
     batch_size: int
     plan: _Plan
     manifest: dict
+    placed: dict  # device / device_map keywords for the engine (hf only; vllm and sglang place the target)
 
     @property
     def request(self) -> list[int]:
@@ -220,7 +227,21 @@ class _Job:
         return self.aux_ids + ([self.L] if self.L not in self.aux_ids else [])
 
 
-def _job(cfg, name: str, shard_rows: int, batch_size: int) -> _Job:
+def placement(cfg, engine: str, device: Optional[str], local_rank: int) -> dict:
+    """Where engine ``engine`` puts the target: {device, device_map} for hf, {} for the engines that
+    place it themselves. ``device`` (``--device``) overrides ``train.device``; errors name the one given."""
+    if engine != "hf":
+        return {}
+    from draftsmith import distributed
+
+    spec, key = (device, "--device") if device is not None else (cfg.train.device, "train.device")
+    placed = {"device": str(distributed.resolve_device(spec, local_rank, key=key))}
+    if cfg.target.device_map is not None:
+        placed["device_map"] = cfg.target.device_map
+    return placed
+
+
+def _job(cfg, name: str, shard_rows: int, batch_size: int, placed: dict) -> _Job:
     """Render the trainer's rows, deduplicate them by token content (in example order) and cut shards."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -244,7 +265,8 @@ def _job(cfg, name: str, shard_rows: int, batch_size: int) -> _Job:
             keys.append(key)
     manifest = _fresh_manifest(cfg, target_path, name, aux_ids, text_cfg, examples, tokenizer, len(rows), shard_rows)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return _Job(cfg, name, target_path, aux_ids, L, pad_id, batch_size, _Plan(rows, keys, shard_rows), manifest)
+    return _Job(cfg, name, target_path, aux_ids, L, pad_id, batch_size, _Plan(rows, keys, shard_rows), manifest,
+                placed)
 
 
 def _run_rank(job: _Job, out: Path, todo: list[int], done: dict[int, dict], ranks, progress: bool) -> dict[int, dict]:
@@ -282,7 +304,8 @@ def _open(job: _Job):
 
     t = job.cfg.target
     kwargs = tp_engine_kwargs(job.engine, t.tp_size, t.engine_kwargs) if job.engine in TP_KWARG else t.engine_kwargs
-    return open_engine(job.engine, job.target_path, dtype=t.dtype, **({"engine_kwargs": kwargs} if kwargs else {}))
+    return open_engine(job.engine, job.target_path, dtype=t.dtype, **job.placed,
+                       **({"engine_kwargs": kwargs} if kwargs else {}))
 
 
 def _write_shards(eng, job: _Job, out: Path, todo: list[int], bar, on_shard: Callable[[int, dict], None]

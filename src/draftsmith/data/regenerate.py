@@ -9,7 +9,8 @@ Engines (:data:`ENGINES`):
 
 - ``vllm``: offline ``vllm.LLM.generate`` with every prompt of a round in flight at once (the
   default where vLLM is installed);
-- ``hf``: transformers ``generate``, one conversation at a time (slow; exact greedy reference);
+- ``hf``: transformers ``generate`` on ``--device``, one conversation at a time (slow; exact greedy
+  reference);
 - ``url``: a running OpenAI-compatible server (``/v1/chat/completions``), ``concurrency`` requests
   in flight, retries with backoff. The server applies its own chat template; the template kwargs
   are sent as the top-level ``chat_template_kwargs`` (vLLM and SGLang read it there).
@@ -149,22 +150,24 @@ class HFGenerator(_Rendered):
 
     name = "hf"
 
-    def __init__(self, target: str, s: RegenSettings, dtype: str = "float32"):
+    def __init__(self, target: str, s: RegenSettings, dtype: str = "float32", device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM
 
         super().__init__(target, s)
         dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dt, local_files_only=True).eval()
+        self.device = torch.device(device)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=dt, local_files_only=True)
+        self.model = model.to(self.device).eval()
 
     def generate(self, conversations: list[list[dict]], seeds: list[int]) -> list[tuple[str, int]]:
         import torch
 
         out = []
         for conv, seed in zip(conversations, seeds):
-            ids = torch.tensor([self.prompt_ids(conv)])
+            ids = torch.tensor([self.prompt_ids(conv)], device=self.device)  # (1, T)
             sample = self.s.temperature > 0
-            torch.manual_seed(seed)
+            torch.manual_seed(seed)  # seeds the CUDA generators too: sampling on a GPU is seeded alike
             with torch.no_grad():
                 gen = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.s.max_new_tokens,
                                           do_sample=sample, temperature=self.s.temperature if sample else None,
@@ -256,12 +259,15 @@ class RegenResult:
 def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings: RegenSettings, *,
                url: Optional[str] = None, model: Optional[str] = None, concurrency: int = 32, dtype: str = "bfloat16",
                engine_kwargs: Optional[dict] = None, progress: bool = True,
-               generator: Optional[Generator] = None, log: Callable[[str], None] = print) -> RegenResult:
+               generator: Optional[Generator] = None, log: Callable[[str], None] = print,
+               device: str = "auto") -> RegenResult:
     """Regenerate the assistant turns of ``sources`` with ``target`` into ``out`` (see the module doc).
 
     ``target`` is a checkpoint path (``smollm2`` resolves to the embedded default); with
     ``settings.engine == "url"`` it names the tokenizer-free target only for the manifest and ``url``
-    is the server. ``generator`` replaces the engine (tests).
+    is the server. ``generator`` replaces the engine (tests). ``device`` (``--device``: auto, cpu, cuda,
+    cuda:N) is where the hf engine runs the target; vllm places it itself. It is not a resume setting:
+    a run continued on another device keeps its shards.
 
     Under torchrun (``torchrun --nproc-per-node N -m draftsmith regenerate ...``; the CLI joins the
     process group) shard i is written by rank i % N and rank 0 writes the one manifest (see
@@ -275,6 +281,10 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     ranks = ranked.job_ranks(RegenError)
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out)
+    if s.engine == "hf" and generator is None:  # a bad --device fails before the data loads
+        from draftsmith import distributed
+
+        device = str(distributed.resolve_device(device, ranks.local_rank, key="--device"))  # auto: this rank's GPU
     t0 = time.perf_counter()
     plan, report, target, settings_now, tags = _plan(sources, target, s, url, model, dtype)
     n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
@@ -290,7 +300,7 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     def work() -> int:
         if not todo:
             return 0  # no engine to load: this rank's shards are all on disk
-        gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs)
+        gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
         return _write_shards(gen, out, plan, todo, s, progress and ranks.main, tags)
 
     tokens = ranked.gather(ranks, work, RegenError, f"fix it and rerun the same command to finish {out}")
@@ -361,13 +371,14 @@ def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> 
     return manifest, [i for i in range(n_shards) if (out / shard_name(i)).is_file()]
 
 
-def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: str, engine_kwargs) -> Generator:
-    """This rank's own engine."""
+def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: str, engine_kwargs,
+          device: str = "cpu") -> Generator:
+    """This rank's own engine (hf on ``device``, already resolved)."""
     if s.engine == "url":
         return URLGenerator(url, s, model=model, concurrency=concurrency)
     if s.engine == "vllm":
         return VLLMGenerator(target, s, dtype=dtype, engine_kwargs=engine_kwargs)
-    return HFGenerator(target, s, dtype=dtype)
+    return HFGenerator(target, s, dtype=dtype, device=device)
 
 
 def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,

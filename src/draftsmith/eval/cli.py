@@ -21,7 +21,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report = run_eval(chat_template_kwargs=template_kwargs_arg(args.chat_template_kwargs),target=args.target, draft=args.draft, prompts=args.prompts, k=args.k,
                       temperature=args.temperature, max_new_tokens=args.max_new_tokens, multi_turn=args.multi_turn,
                       limit=args.limit, dtype=args.dtype, plain=not args.no_plain, seed=args.seed,
-                      ignore_eos=args.ignore_eos, progress=not args.quiet)
+                      ignore_eos=args.ignore_eos, progress=not args.quiet, device=args.device)
     print(format_table(report))
     paths = write_report(report, args.out, plot=not args.no_plot)
     print("report: " + "  ".join(str(p) for p in paths.values()))
@@ -118,6 +118,9 @@ def register(subparsers) -> None:
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype the target runs in (default float32, where greedy output is exactly lossless); "
                         "the draft runs in float32")
+    e.add_argument("--device", default="auto",
+                   help="where the target and the draft run: auto (the local rank's GPU when there is one, else "
+                        "cpu), cpu, cuda, cuda:N")
     e.add_argument("--no-plain", action="store_true", help="skip plain decoding (no speedup, no lossless check)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")

@@ -242,10 +242,12 @@ def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: i
         for turn, question in enumerate(p.turns):
             messages.append({"role": "user", "content": question})
             ids = render_prompt(tokenizer, messages, template_kwargs)
-            g = torch.Generator().manual_seed(seed + 1000 * n + turn)
+            # sampling draws on the target's device (a CPU generator cannot sample CUDA probabilities)
+            dev = getattr(target, "device", "cpu")
+            g = torch.Generator(device=dev).manual_seed(seed + 1000 * n + turn)
             base = generate_plain(target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                   eos_ids=eos_ids, generator=g) if plain else None
-            g = torch.Generator().manual_seed(seed + 1000 * n + turn)
+            g = torch.Generator(device=dev).manual_seed(seed + 1000 * n + turn)
             spec = generate_speculative(target, proposer, ids, k=k, max_new_tokens=max_new_tokens,
                                         temperature=temperature, eos_ids=eos_ids, generator=g)
             text = tokenizer.decode(spec.tokens, skip_special_tokens=True)
@@ -266,15 +268,18 @@ def evaluate(target, proposer, tokenizer, prompts: Sequence[EvalPrompt], *, k: i
 def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int] = None, temperature: float = 0.0,
              max_new_tokens: int = 128, multi_turn: bool = False, limit: Optional[int] = None,
              dtype: str = "float32", plain: bool = True, seed: int = 0, ignore_eos: bool = False,
-             progress: bool = True, chat_template_kwargs: Optional[dict] = None) -> dict:
+             progress: bool = True, chat_template_kwargs: Optional[dict] = None, device: str = "auto") -> dict:
     """Open the hf target, load the draft and prompts, evaluate; return the report dict (report.py).
     ``k`` None: the proposer's ``default_k`` (3 for EAGLE-3, num_depths for P-EAGLE).
-    ``chat_template_kwargs`` None: the ones the draft was trained with (its meta.json)."""
+    ``chat_template_kwargs`` None: the ones the draft was trained with (its meta.json).
+    ``device`` (``--device``: auto, cpu, cuda, cuda:N): where the target and the draft run."""
+    from draftsmith import distributed
     from draftsmith.targets.hf import HFEngine
 
     if (k is not None and k < 1) or max_new_tokens < 1 or temperature < 0:
         raise EvalError(f"-k {k} / --max-new-tokens {max_new_tokens} / --temperature {temperature}: "
                         "k and max-new-tokens must be >= 1 and the temperature >= 0")
+    placed = distributed.local_device(device, "--device")  # a bad --device fails before anything loads
     items = load_prompts(prompts, multi_turn=multi_turn, limit=limit)
     draft_dir = resolve_draft_dir(draft)
     if progress:  # stdout: stderr stays for progress lines and the one-line errors
@@ -286,7 +291,7 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
         raise EvalError(f"--target is required: {draft_dir} records no target in a meta.json")
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    engine = HFEngine(target, dtype=dtype)
+    engine = HFEngine(target, dtype=dtype, device=str(placed))
     try:
         model, info = engine.model, engine.info()
         notes: list[str] = []
@@ -296,6 +301,7 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
         if progress:
             for note in notes:
                 print(f"note: {note}", file=sys.stderr, flush=True)
+        model_draft = model_draft.to(engine.device)  # loaded on the CPU; proposers read their device off its weights
         c = model_draft.cfg
         if c.vocab_size != info.vocab_size or c.target_hidden_size != info.hidden_size:
             raise EvalError(f"--draft {draft_dir}: built for vocab {c.vocab_size} / hidden {c.target_hidden_size} "
@@ -312,7 +318,7 @@ def run_eval(*, target: Optional[str], draft: str, prompts: str, k: Optional[int
         engine.close()
     config = {"target": str(target), "draft": str(draft_dir), "prompts": str(prompts), "k": k,
               "temperature": temperature, "max_new_tokens": max_new_tokens, "multi_turn": multi_turn,
-              "dtype": dtype, "seed": seed, "ignore_eos": ignore_eos, "aux_layer_ids": aux_ids,
+              "dtype": dtype, "device": str(placed), "seed": seed, "ignore_eos": ignore_eos, "aux_layer_ids": aux_ids,
               "chat_template_kwargs": chat_template_kwargs,
               "wall_s": time.perf_counter() - t0}
     report = build_report(records, k=k, mode="offline", config=config)

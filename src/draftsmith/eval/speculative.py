@@ -82,7 +82,8 @@ def verify_sampling(
     temperature -> (a, committed tokens). u ~ U[0, 1) accepts d_i when u * q_i(d_i) < p_{i-1}(d_i)."""
     drafted = draft_tokens.tolist()
     for i, d in enumerate(drafted):
-        u = float(torch.rand((), generator=generator))
+        # drawn where the generator lives (a CUDA generator cannot fill a CPU tensor); eval keeps it on p's device
+        u = float(torch.rand((), generator=generator, device=generator.device if generator is not None else p.device))
         if u * float(q[i, d]) < float(p[i, d]):
             continue
         residual = (p[i] - q[i]).clamp(min=0)  # (V,) the mass the draft under-proposed

@@ -14,7 +14,8 @@ def cmd_serve_target(args: argparse.Namespace) -> int:
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The :func:`draftsmith.targets.open_engine` keywords the engine flags ask for, checked before any
-    target loads: ``cache_dir`` (cache engine), ``engine_kwargs`` with ``--tp-size`` folded in (vllm, sglang).
+    target loads: ``cache_dir`` (cache engine), ``device_map`` (hf), ``engine_kwargs`` with ``--tp-size``
+    folded in (vllm, sglang).
 
     Raises :class:`~draftsmith.remote.server.ServeTargetError` naming the flag, the value and the fix.
     """
@@ -22,9 +23,17 @@ def engine_options(args: argparse.Namespace) -> dict:
     from draftsmith.targets import TP_KWARG, tp_engine_kwargs
 
     engine, tp, raw = args.engine, getattr(args, "tp_size", None), getattr(args, "engine_kwargs", None)
+    device_map = getattr(args, "device_map", None)
     if (engine == "cache") != bool(getattr(args, "cache_dir", None)):
         raise ServeTargetError("--cache-dir is required with --engine cache and used only with it; "
                                "pass both (a DIR built by `draftsmith cache`) or neither")
+    if device_map is not None and engine != "hf":
+        raise ServeTargetError(f"--device-map with --engine {engine}: only the hf engine spreads the target over "
+                               f"GPUs this way; drop --device-map (vllm/sglang shard it with --tp-size)")
+    if device_map is not None:
+        from draftsmith.targets.hf import check_device_map
+
+        check_device_map(device_map)  # no GPU / no accelerate: one line now, before the target loads
     if tp is not None and tp < 1:
         raise ServeTargetError(f"--tp-size {tp}: expected an integer >= 1 (GPUs vllm/sglang shard the target over)")
     kwargs = None
@@ -43,7 +52,9 @@ def engine_options(args: argparse.Namespace) -> dict:
                    else "the cache engine serves stored features and opens no target")
             raise ServeTargetError(f"{given[0]} with --engine {engine}: {how}; drop {' and '.join(given)}, "
                                    f"or shard the target with --engine vllm or sglang")
-        return {"cache_dir": args.cache_dir} if engine == "cache" else {}
+        if engine == "cache":
+            return {"cache_dir": args.cache_dir}
+        return {"device_map": device_map} if device_map is not None else {}
     key = TP_KWARG[engine]
     if tp is not None and key in (kwargs or {}) and kwargs[key] != tp:
         raise ServeTargetError(f"--tp-size {tp} but --engine-kwargs sets {key}={kwargs[key]!r}; "
@@ -60,8 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="with --engine cache: the DIR `draftsmith cache` wrote")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto",
-                   help="where the hf engine runs the target: auto (cuda when present, else cpu), cpu, cuda, "
-                        "cuda:N (vllm and sglang place the target themselves)")
+                   help="where the hf engine runs the target (the cache engine: where it returns features): auto "
+                        "(the local GPU when there is one, else cpu), cpu, cuda, cuda:N (vllm and sglang place the "
+                        "target themselves)")
+    p.add_argument("--device-map", default=None, choices=["auto"],
+                   help="hf: auto spreads the target's layers over the visible GPUs (accelerate; features are "
+                        "gathered on the first); default: the whole target on --device")
     p.add_argument("--tp-size", type=int, default=None,
                    help="vllm/sglang: tensor-parallel degree, the GPUs the target is sharded over "
                         "(vLLM tensor_parallel_size, SGLang tp_size); default: the engine's (1)")

@@ -73,23 +73,17 @@ def is_loopback(host: str) -> bool:
 
 
 def engine_device(spec: str, engine: str) -> Optional[str]:
-    """The device string for ``--device`` (None for engines that place the target themselves)."""
-    if engine != "hf":
+    """The device string for ``--device`` (None for engines that place the target themselves): hf runs
+    the target there, the cache engine returns its features there. Checked as ``train.device`` is
+    (``auto``: this process's local GPU when there is one, else the CPU)."""
+    if engine not in ("hf", "cache"):
         return None
-    if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    from draftsmith.distributed import DistError, local_device
+
     try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ServeTargetError(f"--device: {spec!r} is not a device; use auto, cpu, cuda or cuda:N")
-    if dev.type == "cuda":
-        n = torch.cuda.device_count()  # 0 without CUDA
-        if (dev.index or 0) >= n:
-            raise ServeTargetError(f"--device: {spec!r} but this machine has {n} CUDA device(s); "
-                                   f"use {'cuda:0..cuda:' + str(n - 1) if n else 'cpu'} or auto")
-    return str(dev)
+        return str(local_device(spec, "--device"))
+    except DistError as e:  # python -m draftsmith.remote.server reports TargetErrors (exit 2)
+        raise ServeTargetError(str(e)) from None
 
 
 def check_bind(host: str, token: Optional[str], insecure: bool) -> None:

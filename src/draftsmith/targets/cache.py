@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from torch import Tensor
 
 from draftsmith.cache.store import CacheError, CacheReader, check_target, row_key, target_fingerprint
 from draftsmith.targets import Batch, Features
@@ -29,8 +30,9 @@ class CacheEngine(RunnerEngine):
     """An engine over a feature cache directory ``cache_dir`` built for the target at ``target``.
 
     Weights and :class:`~draftsmith.targets.TargetInfo` come from the target checkpoint (RunnerEngine's
-    safetensors reader); :meth:`features` comes from the cache. ``device`` is accepted for
-    serve-target's sake and ignored (features are returned on the CPU, as the cache is mapped).
+    safetensors reader); :meth:`features` comes from the cache. ``device`` (the trainer's, serve-target's
+    ``--device``) is where features are returned: rows are read from the mapped cache on the CPU, moved
+    there once per batch, and the logits are rebuilt there. None: the CPU.
     """
 
     def __init__(self, target: str | os.PathLike, *, dtype: str = "float32", cache_dir: Optional[str] = None,
@@ -49,6 +51,8 @@ class CacheEngine(RunnerEngine):
         check_target(m, target_fingerprint(path, dtype), Path(cache_dir))
         super().__init__(path, dtype)
         self.cache_dir = Path(cache_dir)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._head_on_device: Optional[tuple[Tensor, Tensor]] = None  # (norm (H,), lm_head (V, H)) on self.device
         self.cached_ids: list[int] = list(m["aux_layer_ids"])
         L, H = self._info.num_layers, self._info.hidden_size
         if (m["num_layers"], m["hidden_size"]) != (L, H):
@@ -87,13 +91,25 @@ class CacheEngine(RunnerEngine):
                 aux[b, :n, j] = row["last"] if i == L else row["aux"][:, self.cached_ids.index(i)]
             if last is not None:
                 last[b, :n] = row["last"]
+        # One host-to-device copy per tensor (a no-op on the CPU); the (B, S, V) logits are then built
+        # on the device from (B, S, H), so the V-wide tensor never crosses the bus.
+        aux = aux.to(self.device)
         out_logits = None
         if last is not None:
-            out_logits = rebuild_logits(last, self.final_norm_weight(), self.lm_head_weight(), self._info.rms_norm_eps)
-            out_logits[batch.attention_mask == 0] = 0
+            norm, head = self._head()
+            out_logits = rebuild_logits(last.to(self.device), norm, head, self._info.rms_norm_eps)
+            out_logits[batch.attention_mask.to(self.device) == 0] = 0
         return Features(aux_hidden=aux, logits=out_logits)
+
+    def _head(self) -> tuple[Tensor, Tensor]:
+        """(final norm (H,), lm_head (V, H)) on ``self.device``, copied there once. The CPU copies stay
+        what :meth:`embeddings` / :meth:`lm_head_weight` return, as RunnerEngine does."""
+        if self._head_on_device is None:
+            self._head_on_device = (self.final_norm_weight().to(self.device), self.lm_head_weight().to(self.device))
+        return self._head_on_device
 
     def close(self) -> None:
         """Unmap the cache and drop the cached weights."""
         self.reader.close()
         self._cache.clear()
+        self._head_on_device = None

@@ -47,15 +47,45 @@ def info_from_config(cfg, *, dtype: str, tied: bool, vocab_size: Optional[int] =
     )
 
 
+DEVICE_MAPS = (None, "auto")  # target.device_map / serve-target --device-map: one device, or accelerate's spread
+
+
+def check_device_map(device_map: Optional[str]) -> None:
+    """Refuse a ``device_map`` this machine cannot honour, in one line naming the key and the fix.
+
+    ``auto`` spreads the target's layers over the visible GPUs (accelerate); without CUDA it would
+    quietly put everything on the CPU (or the disk), which is never what a run config asking for it
+    meant, so it is an error rather than a fallback.
+    """
+    key = "target.device_map (serve-target --device-map)"
+    if device_map not in DEVICE_MAPS:
+        raise TargetError(f"{key}: {device_map!r} is not supported; use auto (spread the target over the visible "
+                          f"GPUs) or null (the whole target on one device: train.device / --device)")
+    if device_map is None:
+        return
+    if not torch.cuda.is_available():
+        raise TargetError(f"{key}: {device_map!r} but this machine has no CUDA GPU (torch {torch.__version__}); "
+                          f"set target.device_map: null (or drop --device-map) to run the target on one device")
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise TargetError(f"{key}: {device_map!r} needs accelerate, which is not installed; pip install "
+                          f"accelerate, or set target.device_map: null (or drop --device-map)")
+
+
 class HFEngine(ColocatedEngine):
     """A frozen HF causal LM behind the :class:`~draftsmith.targets.Engine` contract.
 
     ``target`` is a HF checkpoint directory or ``"smollm2"`` (the embedded default, see
     :mod:`draftsmith.models`). ``dtype`` is one of ``float32``, ``bfloat16``, ``float16``.
+    ``device``: where the whole target runs. ``device_map="auto"`` instead lets accelerate spread its
+    layers over the visible GPUs (a target too big for one); ``device`` is then ignored, inputs go to
+    the GPU holding the embedding and every feature is gathered there (``.device``).
     The tokenizer is available as ``.tokenizer`` and the model as ``.model``.
     """
 
-    def __init__(self, target: Union[str, os.PathLike], *, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, target: Union[str, os.PathLike], *, dtype: str = "float32", device: str = "cpu",
+                 device_map: Optional[str] = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -65,12 +95,22 @@ class HFEngine(ColocatedEngine):
 
         if dtype not in DTYPES:
             raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        check_device_map(device_map)  # before the (possibly huge) load
         self.path = Path(resolve_target(target))
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device_map = device_map
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=DTYPES[dtype], local_files_only=True)
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        load = {"dtype": DTYPES[dtype], "local_files_only": True}
+        if device_map is not None:
+            load["device_map"] = device_map  # accelerate places each layer as the weights load
+        model = AutoModelForCausalLM.from_pretrained(self.path, **load)
+        if device_map is None:
+            self.device = torch.device(device)
+            model = model.to(self.device)
+        else:
+            # the first device: where input ids must go (the embedding) and where features are gathered
+            self.device = model.get_input_embeddings().weight.device
+        self.model = model.eval().requires_grad_(False)
         self._norm = final_norm(self.model)
         self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
 
@@ -141,9 +181,11 @@ class HFEngine(ColocatedEngine):
                 f"target: expected {L + 1} hidden states from {self.path}, got {len(states)}; "
                 f"this architecture's outputs do not follow the transformers 5.x layout, use another engine"
             )
-        picked = [captured["pre_norm"] if i == L else states[i] for i in ids]
-        aux = torch.stack(picked, dim=2)  # n x (B, S, H) -> (B, S, n, H)
-        return Features(aux_hidden=aux, logits=out.logits if logits else None)
+        # Under a device_map each layer's state lives on that layer's GPU: gather onto the first
+        # device (a no-op on one device). n x (B, S, H) -> (B, S, n, H).
+        picked = [(captured["pre_norm"] if i == L else states[i]).to(self.device) for i in ids]
+        aux = torch.stack(picked, dim=2)
+        return Features(aux_hidden=aux, logits=out.logits.to(self.device) if logits else None)
 
     def target_head(self):
         """The model's own head as a :class:`~draftsmith.targets.contract.TargetHead`: its final norm
