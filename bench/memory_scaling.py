@@ -18,8 +18,9 @@ a step takes whatever T (parameter grads, autocast's bf16 weight copies, AdamW's
 peak - floor is what grows with T. Modes, side by side:
   before  the code as it was: the engine returns (T, V) logits, one attention block of (h, T, T)
           scores a step, one (N, Vd) logits block a step
-  after   the layer-L state and the target head in chunks of positions (targets.supervision_for),
-          attention and the draft-vocab CE in checkpointed blocks of 64 MiB
+  chunked the layer-L state and the target head in chunks of positions (targets.supervision_for),
+          attention and the draft-vocab CE in checkpointed blocks of 64 MiB (the defaults now)
+  ckpt    chunked plus train.activation_checkpointing (each TTT step recomputed in backward)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def one(T: int, V: int, mode: str, intermediate: int, draft_vocab: int, ttt: int
         "draft": {"type": "eagle3", "ttt_steps": ttt, "freeze_lm_head": True},
         "train": {"bf16": True, "optimizer": "adamw", "device": "cpu"},
     })
+    draft_vocab = min(draft_vocab, V)
     draft_ids = torch.arange(draft_vocab)
     d2t, t2d = build_vocab_maps(draft_ids, V)
     vocab = VocabMap(draft_ids, d2t, t2d, 1.0, "synthetic")
@@ -79,6 +81,7 @@ def one(T: int, V: int, mode: str, intermediate: int, draft_vocab: int, ttt: int
                          head=lambda: (engine.lm_head_weight(), engine.final_norm_weight()), vocab=vocab)
     if mode == "before":
         draft.max_score_elements = draft.max_logit_elements = 1 << 62
+    draft.activation_checkpointing = mode == "ckpt"
     opt = build_optimizer(draft.named_parameters(), cfg.train)
 
     def step(n: int) -> float:
@@ -119,7 +122,7 @@ def main() -> None:
     ap.add_argument("--vocabs", type=int, nargs="+", default=[49152, 128256, 152064])
     ap.add_argument("--length-vocab", type=int, default=128256, help="the vocabulary of the length sweep")
     ap.add_argument("--vocab-length", type=int, default=2048, help="the max_length of the vocabulary sweep")
-    ap.add_argument("--modes", nargs="+", default=["before", "after"], choices=["before", "after"])
+    ap.add_argument("--modes", nargs="+", default=["before", "chunked", "ckpt"], choices=["before", "chunked", "ckpt"])
     ap.add_argument("--before-max-length", type=int, default=4096,
                     help="longest T run in mode `before` (8k x 128k there is 4 GiB of logits and 8 GiB of scores)")
     ap.add_argument("--intermediate", type=int, default=1024, help="the thin body's (and draft's) MLP width")
@@ -157,12 +160,14 @@ def main() -> None:
             print(f"{T:>6} {V:>7} {mode:>6} {r['peak_gib']:>9.2f} {r['floor_gib']:>9.2f} {r['tokens_per_s']:>9.0f} "
                   f"{r['resident_gib']:>13.2f}", flush=True)
     by = {(r["T"], r["V"], r["mode"]): r for r in rows if "peak_gib" in r}
-    print("\nafter / before peak memory, same (T, V):")
+    print("\nagainst `before`, same (T, V): peak memory and tokens/s ratios")
     for T, V in grid:
-        b, a = by.get((T, V, "before")), by.get((T, V, "after"))
-        if a and b:
-            print(f"  T {T:>5} V {V:>6}: {a['peak_gib']:.2f} / {b['peak_gib']:.2f} GiB = {a['peak_gib'] / b['peak_gib']:.2f}x,"
-                  f" tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
+        b = by.get((T, V, "before"))
+        for mode in ("chunked", "ckpt"):
+            a = by.get((T, V, mode))
+            if a and b:
+                print(f"  T {T:>5} V {V:>6} {mode:>7}: {a['peak_gib']:.2f} / {b['peak_gib']:.2f} GiB = "
+                      f"{a['peak_gib'] / b['peak_gib']:.2f}x, tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(args.out).with_suffix(".tmp")
     tmp.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows}, indent=1))

@@ -73,3 +73,17 @@ def test_features_on_cuda_equal_the_cpu_ones(built):
     assert b.aux_hidden.device.type == "cuda" and b.logits.device.type == "cuda"
     assert torch.equal(b.aux_hidden.cpu(), a.aux_hidden)  # stored values, only moved
     torch.testing.assert_close(b.logits.cpu(), a.logits, rtol=1e-5, atol=1e-5)  # rebuilt by CUDA kernels
+
+
+def test_supervision_head_lives_on_the_engine_device(tmp_path):
+    """Chunked supervision projects the layer-L state with the head on the cache engine's device."""
+    from draftsmith.targets import target_head
+    from draftsmith.targets.cache import CacheEngine
+
+    eng = CacheEngine.__new__(CacheEngine)
+    eng.device, eng._head_on_device = torch.device("meta"), None
+    eng._info = type("I", (), {"rms_norm_eps": 1e-6})()
+    eng.final_norm_weight = lambda: torch.ones(4)
+    eng.lm_head_weight = lambda: torch.ones(6, 4)
+    out = target_head(eng).project(torch.zeros(3, 4, device="meta"))
+    assert out.device.type == "meta" and tuple(out.shape) == (3, 6)

@@ -101,6 +101,13 @@ class CacheEngine(RunnerEngine):
             out_logits[batch.attention_mask.to(self.device) == 0] = 0
         return Features(aux_hidden=aux, logits=out_logits)
 
+    def target_head(self):
+        """The head over the weights on ``self.device``: supervision builds logits there, in chunks."""
+        from draftsmith.targets.contract import TargetHead
+
+        norm, head = self._head()
+        return TargetHead.from_weights(norm, head, self._info.rms_norm_eps)
+
     def _head(self) -> tuple[Tensor, Tensor]:
         """(final norm (H,), lm_head (V, H)) on ``self.device``, copied there once. The CPU copies stay
         what :meth:`embeddings` / :meth:`lm_head_weight` return, as RunnerEngine does."""
