@@ -49,3 +49,12 @@ def _real_resolve():
 
 
 _REAL_RESOLVE = _real_resolve()
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """Two CUDA devices as far as device resolution can tell (placement tests on a CPU machine)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -40,12 +40,6 @@ def opened(monkeypatch):
     return rec
 
 
-@pytest.fixture
-def fake_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-
-
 def test_device_cpu_builds_there(tiny, tmp_path, opened):
     _, _, path = tiny
     assert main(["cache", str(path), "--out", str(tmp_path / "c"), "--device", "cpu", *SMALL]) == 0

@@ -32,12 +32,6 @@ def opened(monkeypatch):
     return seen
 
 
-@pytest.fixture
-def fake_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-
-
 def serve(tiny, *extra):
     return main(["serve-target", "--target", str(tiny), "--port", "0", *extra])
 
