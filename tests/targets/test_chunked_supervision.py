@@ -117,3 +117,33 @@ def test_logits_kinds_without_a_chunked_builder_get_whole_logits(engine):
     want = engine.features(batch, [1, 2], logits=True)
     torch.testing.assert_close(sup.logits, want.logits, rtol=1e-6, atol=1e-6)
     assert torch.equal(sup.aux_hidden, want.aux_hidden)
+
+
+@pytest.mark.gpu
+def test_chunked_supervision_and_blocked_eagle3_loss_on_cuda(tmp_path):
+    """On a GPU: supervision built in chunks on the device equals the whole-logits path, and the
+    EAGLE-3 loss in checkpointed blocks equals one block (gradients too)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    eng = HFEngine(fixtures.make_tiny_llama(tmp_path / "t", num_layers=3), device="cuda")
+    vocab = eng.info().vocab_size
+    batch, ids = _batch(vocab).to("cuda"), torch.arange(0, vocab, 4, device="cuda")
+    sup = supervision_for(eng, "eagle3", batch, [1, 2], ids)
+    whole = eagle3_supervision(batch, eng.features(batch, [1, 2], logits=True), ids)
+    assert sup.target_probs.device.type == "cuda"
+    torch.testing.assert_close(sup.target_probs, whole.target_probs, rtol=1e-5, atol=1e-6)
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "drafts"))
+    from test_eagle3 import make_batch, make_draft
+
+    aux, tok, probs, mask = (x.cuda() for x in make_batch(t=13, seed=4))
+    grads = []
+    for budget in (10**9, 2 * 2 * 13):
+        d = make_draft(seed=3).cuda()
+        d.max_score_elements = d.max_logit_elements = budget
+        d.activation_checkpointing = budget < 10**9
+        out = d(aux, tok, probs, mask)
+        out.loss.backward()
+        grads.append((out.loss.detach(), [p.grad for p in d.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=0)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
