@@ -278,19 +278,20 @@ def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Te
     if ids is not None:
         t2d = torch.zeros(head.vocab_size, dtype=torch.bool, device=h_last.device)
         t2d[ids] = True
-    probs, in_draft = [], []
+    width = head.vocab_size if ids is None else int(ids.numel())
+    # Written chunk by chunk into one output: a list of chunks joined by cat would hold (N, Vd) twice.
+    p = torch.empty(B * S, width, dtype=torch.float32, device=h_last.device)
+    m = torch.empty(B * S, dtype=torch.bool, device=h_last.device)
     for r in range(0, B * S, rows):
         logits = head.project(flat[r : r + rows])  # (c, V) in the target's dtype
         top = logits.argmax(dim=-1)  # (c,) full-vocab argmax
-        if ids is None:
-            in_draft.append(torch.ones_like(top, dtype=torch.bool))
-            probs.append(torch.softmax(logits.float(), dim=-1))  # (c, V)
+        if ids is not None:
+            m[r : r + rows] = t2d[top]
+            logits = logits.index_select(-1, ids)  # (c, Vd)
         else:
-            in_draft.append(t2d[top])
-            probs.append(torch.softmax(logits.index_select(-1, ids).float(), dim=-1))  # (c, Vd)
+            m[r : r + rows] = True
+        torch.softmax(logits.float(), dim=-1, out=p[r : r + rows])
         del logits
-    p = probs[0] if len(probs) == 1 else torch.cat(probs)
-    m = in_draft[0] if len(in_draft) == 1 else torch.cat(in_draft)
     return p.reshape(B, S, -1), m.reshape(B, S)
 
 
