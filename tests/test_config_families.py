@@ -74,3 +74,22 @@ def test_readme_lists_every_family_key():
 
     missing = sorted({f.name for fam in FAMILIES.values() for f in fields(fam.config)} - set(re.findall(r"`(\w+)`", row)))
     assert not missing, f"README config table, section draft: add {missing}"
+
+
+@pytest.mark.parametrize("family", [name for name in BASE if not FAMILIES[name].packing])
+def test_packing_is_refused_for_a_family_that_does_not_pack(tmp_path, capsys, family):
+    cfg = tmp_path / "run.yaml"
+    extra = "".join(f"  {k}: {v}\n" for k, v in BASE[family].items())
+    cfg.write_text(f"data:\n  packing: true\ndraft:\n  type: {family}\n{extra}")
+    assert main(["train", str(cfg), "--no-progress"]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    line = err.strip()
+    assert out == "" and "\n" not in line, err
+    assert f"'data.packing' is true but draft.type is '{family}': packing is built for eagle3 only so far; " \
+           "set data.packing: false" in line
+
+
+def test_packing_is_off_by_default_and_taken_by_eagle3():
+    assert build_config({}).data.packing is False
+    assert build_config({"data": {"packing": True}, "draft": {"type": "eagle3"}}).data.packing is True
+    assert [name for name, fam in FAMILIES.items() if fam.packing] == ["eagle3"]  # the family description says so

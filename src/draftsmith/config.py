@@ -60,6 +60,9 @@ class DataConfig:
     sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])
     max_rows: Optional[int] = None  # seeded random subset of the conversations
     max_length: int = 512  # tokens per rendered conversation (truncated)
+    # several conversations per draft row (up to max_length), attention and TTT steps within each; the same
+    # loss and gradients as unpacked, less padding (train/packing.py); families whose description says packing
+    packing: bool = False
     eval_size: float = 0.02  # held-out split: a fraction (< 1) or a count (>= 1)
     eval_sources: list[str] = field(default_factory=list)  # held-out rows from these sources instead (eval_size ignored, all of data.sources train)
     chat_template: Optional[str] = None  # overrides the tokenizer's chat template
@@ -276,6 +279,11 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'train.muon_lr' = {cfg.train.muon_lr}: expected > 0 (or null for train.lr)")
     if cfg.data.eval_size < 0:
         p.append(f"'data.eval_size' = {cfg.data.eval_size}: expected a fraction in [0, 1) or a count >= 1")
+    if cfg.data.packing and not getattr(FAMILIES.get(cfg.draft.type), "packing", False):
+        built = [name for name, fam in FAMILIES.items() if fam.packing]
+        p.append(f"'data.packing' is true but draft.type is {cfg.draft.type!r}: packing is built for "
+                 f"{'/'.join(built) or 'no family'} only so far; set data.packing: false "
+                 f"(train.group_by_length: true also cuts padding)")
     if cfg.data.draft_vocab_size is not None and cfg.data.draft_vocab_size < 2:
         p.append(f"'data.draft_vocab_size' = {cfg.data.draft_vocab_size}: expected >= 2 or null for the full vocab")
     if not cfg.data.sources:

@@ -5,7 +5,8 @@ registered in ``drafts/__init__.py`` with :func:`draftsmith.drafts.register`. It
 
 - the facts the rest of draftsmith branches on (supervision kind, layer rule, on-disk layout, where
   its config.json keeps its layer ids, how serve sets K, what serve refuses and why, its weight
-  checks, the vLLM / speculators names, whether it needs a mask token or borrows the target's lm_head);
+  checks, the vLLM / speculators names, whether it needs a mask token, borrows the target's lm_head or
+  trains on packed rows);
 - its draft-section dataclass (``config``, a :class:`DraftConfig`), which ``draft.type`` picks;
 - its code: ``api``, the dotted name of the module implementing the family contract (see
   ``drafts/__init__.py``). That module is imported on first use, and every name a Family does not
@@ -100,6 +101,9 @@ class Family:
     layer_id_offset: int = 0  # on-disk id = engine id + offset (DFlash files index layer outputs: -1)
     borrows_lm_head: bool = False  # predicts the full target vocab with the target's lm_head (not saved)
     needs_mask_token: bool = False  # drafts through a reserved mask token (draft.mask_token_id)
+    # trains on packed rows (data.packing): its supervised() reads the supervision's doc_ids (B, T) and keeps
+    # attention, positions and its loss within each document, so a packed row equals its conversations unpacked
+    packing: bool = False
     eval_archs: tuple[str, ...] = ()  # architectures the offline evaluator loads (empty: any it recognises)
     vllm_method: Optional[str] = None  # vLLM speculative method; None: vLLM cannot serve it
     vllm_arch: Optional[str] = None  # architectures[0] vLLM's loader expects

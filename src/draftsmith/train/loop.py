@@ -32,7 +32,7 @@ from draftsmith.inputs import aux_layer_ids, aux_order_note, engine_options, res
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
-from draftsmith.train import parallel
+from draftsmith.train import packing, parallel
 from draftsmith.train.optim import build_optimizer
 from draftsmith.train.progress import TrainBar, setup_lines
 from draftsmith.train.schedule import Cosine, reachable_step
@@ -51,6 +51,7 @@ class TrainResult:
     tokens_per_s: float
     eval: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
+    padding: float = 0.0  # share of the draft's positions that were padding in this run (this rank's)
 
 
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: list[int]):
@@ -107,7 +108,11 @@ class Trainer:
         self._build_optimizer()
         if saved is not None:
             self._restore(saved)
+        self.padding = self._padding()
         self.writer = self.par.writer(self.out / "tensorboard") if cfg.output.tensorboard else None  # rank 0's
+        if self.writer is not None:
+            self.writer.add_scalar("data/padding_unpacked", self.padding.unpacked_fraction, self.step)
+            self.writer.add_scalar("data/padding_packed", self.padding.packed_fraction, self.step)
 
     # ------------------------------------------------------------------ setup steps
     def _open_engine(self) -> None:
@@ -175,6 +180,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.step = 0
         self.pos = parallel.Position(group_batch=global_batch)  # where the data order stands
+        self.positions = [0, 0]  # this rank's (real, computed) draft positions trained on in this process
         self.tokens_seen = 0  # real tokens trained on since step 0, all ranks, across resumes
 
     def _restore(self, saved: dict) -> None:
@@ -193,6 +199,15 @@ class Trainer:
         if self.schedule.end > self.total_steps or (t.max_time_s is None and self.schedule.end != self.total_steps):
             self.schedule.refit(self.step, self.total_steps)
 
+    def _padding(self, most: int = 4096) -> packing.Padding:
+        """The draft's positions over epoch 0's first ``most`` micro-batches (all ranks' shares: the global
+        order cut by train.batch_size), unpacked and packed into rows of data.max_length (setup line;
+        ``most`` bounds its cost on a large corpus to about a second)."""
+        lengths = [len(ex.input_ids) for ex in self.train_set]
+        order = self.order_of(0, self.par.global_batch)
+        batches = parallel.micro_batches(order, self.cfg.train.batch_size)[:most]
+        return packing.padding(([lengths[i] for i in rows] for rows in batches), self.cfg.data.max_length)
+
     # ------------------------------------------------------------------ one micro-batch
     def supervise(self, micro: Iterable[list[Example]]) -> Iterator[tuple[Batch, Any]]:
         """(batch, supervision of the family's kind) per micro-batch, in order.
@@ -205,16 +220,20 @@ class Trainer:
 
     def forward(self, examples: list[Example], supervised: Optional[tuple[Batch, Any]] = None,
                 generators: Optional[list[torch.Generator]] = None):
-        """Supervision for ``examples`` -> one draft forward -> (output with .loss and .sums, real tokens).
+        """Supervision for ``examples`` -> one draft forward -> (output with .loss and .sums, real tokens,
+        the draft's positions, padding included).
 
         ``supervised`` is the (batch, supervision) pair :meth:`supervise` made for ``examples``
         (computed here when None); ``generators``: one per row for the family's training draws.
+        With data.packing the supervision's rows are packed first (train/packing.py): same loss, fewer rows.
         """
         batch, sup = supervised if supervised is not None else next(iter(self.supervise([examples])))
         sup = supervision_to(sup, self.device)  # a no-op when the engine delivered on the draft's device
+        if self.cfg.data.packing:  # config.py let it through for a family whose description says packing
+            sup = packing.pack(sup, batch.attention_mask.sum(1).tolist(), self.cfg.data.max_length)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.model(sup, generators)  # draft.supervised, through DDP / FSDP2 when wrapped
-        return out, int(batch.attention_mask.sum())
+        return out, int(batch.attention_mask.sum()), sup.input_ids.numel()
 
     def row_generators(self, rows: list[int], epoch: Optional[int] = None) -> list[torch.Generator]:
         """One generator per conversation, seeded by (train.seed, epoch, conversation); ``epoch``
@@ -242,11 +261,14 @@ class Trainer:
             weight = 1.0 if weights is None else weights[i]
             # gradients are reduced over ranks in the window's last backward only
             with parallel.grad_sync(self.model, sync=i == len(window) - 1):
-                out, n_tok = self.forward(examples, next(sups) if sups is not None else None,
-                                          generators[i] if generators is not None else None)
+                out, n_tok, n_pos = self.forward(examples, next(sups) if sups is not None else None,
+                                                 generators[i] if generators is not None else None)
                 grad_loss, value = self.par.loss(out, weight)
                 (grad_loss / len(window)).backward()
             tokens += n_tok if weight else 0
+            if weight:  # this rank's real and computed draft positions (TrainResult.padding)
+                self.positions[0] += n_tok
+                self.positions[1] += n_pos
             loss += value / len(window)
             sums = add_sums(sums, {k: v * int(weight) for k, v in out.sums.items()})
         sums, tokens = self.par.reduce(sums, tokens)
@@ -267,9 +289,7 @@ class Trainer:
                        unit="step")
         stop = self.step >= self.total_steps
         while pos.epoch < t.epochs and not stop:
-            order = epoch_order(len(self.train_set), pos.epoch, t.seed)
-            if t.group_by_length:
-                order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], pos.group_batch)
+            order = self.order_of(pos.epoch, pos.group_batch)
             # global micro-batches from where this epoch stands; this rank's share of each
             mbs = self.par.global_batches(order[pos.row_pos :])
             shares = [self.par.share(rows) for rows in mbs]
@@ -304,6 +324,7 @@ class Trainer:
                         self.writer.add_scalar(f"train/{name}", value, self.step)
                     self.writer.add_scalar("train/lr", self.scheduler.get_last_lr()[0], self.step)
                     self.writer.add_scalar("train/tokens_per_s", tokens / max(elapsed, 1e-9), self.step)
+                    self.writer.add_scalar("train/padding", packing.Padding.fraction(*self.positions), self.step)
                 # ---------------------------------------------------------- eval, save (periodic)
                 if t.eval_every and self.step % t.eval_every == 0 and not stop:
                     eval_metrics = self.evaluate()
@@ -324,7 +345,7 @@ class Trainer:
         if self.writer is not None:
             self.writer.close()
         return TrainResult(self.out, last_ckpt, self.step, pos.epoch, tokens, wall, tokens / max(wall, 1e-9),
-                           eval_metrics, history)
+                           eval_metrics, history, packing.Padding.fraction(*self.positions))
 
     def elapsed(self, start: float) -> float:
         """Seconds since ``start``; under train.max_time_s the largest over ranks, so every rank takes
@@ -342,6 +363,15 @@ class Trainer:
     def describe(self) -> list[str]:
         """What setup found, printed before training by ``train`` and ``demo`` (:func:`progress.setup_lines`)."""
         return setup_lines(self)
+
+    def order_of(self, epoch: int, group_batch: int) -> list[int]:
+        """The order of the training conversations in ``epoch`` (length-grouped by ``group_batch`` with
+        train.group_by_length): a function of the seed and the epoch only, so a resume recomputes it."""
+        t = self.cfg.train
+        order = epoch_order(len(self.train_set), epoch, t.seed)
+        if t.group_by_length:
+            order = length_grouped(order, [len(ex.input_ids) for ex in self.train_set], group_batch)
+        return order
 
     def data_order(self) -> dict:
         """What fixes the order of micro-batches (checked on resume)."""
@@ -376,7 +406,7 @@ class Trainer:
         for (examples, supervised), (rows, weight) in zip(zip(micro, self.supervise(micro)), shares):
             # held-out draws (DFlash anchors) keyed by the conversation: the same at every evaluation,
             # whatever the batch or the number of ranks
-            out, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
+            out, _, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
             sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
             loss_sum += self.par.loss(out, weight)[1]
             n += 1

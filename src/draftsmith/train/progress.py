@@ -86,6 +86,8 @@ def setup_lines(trainer: Any) -> list[str]:
     if trainer.dropped:
         lines.append(f"data: {trainer.dropped} of {n_convs} conversations dropped (no assistant token within "
                      f"data.max_length={trainer.cfg.data.max_length})")
+    if getattr(trainer, "padding", None) is not None:  # unpacked and packed (data.packing, families that pack)
+        lines.append(trainer.padding.describe(trainer.cfg.data.packing, trainer.family.packing))
     vocab, held = trainer.vocab, trainer.held_out_coverage
     lines.append(f"setup: {len(trainer.train_set)} train / {len(trainer.eval_set)} held-out conversations, draft vocab "
                  f"{vocab.draft_ids.numel()} of {trainer.info.vocab_size} (coverage {vocab.coverage:.3f} train"

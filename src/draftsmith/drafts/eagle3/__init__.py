@@ -2,7 +2,8 @@
 with the training-time-test unroll; a chain draft (K steps, one draft forward each).
 
 Layout: ``config.py`` (the ``draft`` section, the model config and its config.json both ways; torch-free),
-``model.py`` (modules, TTT, loss, metrics), ``infer.py`` (KV-cached steps and the chain proposer),
+``model.py`` (modules, TTT, loss, metrics), ``ttt.py`` (the TTT attention and loss in blocks of rows,
+and the document rules of packed rows), ``infer.py`` (KV-cached steps and the chain proposer),
 ``export.py`` (loading an export), ``api.py`` (the family contract). This file: the family's
 description, torch-free, which ``drafts/__init__.py`` registers.
 """
@@ -26,7 +27,7 @@ def recognises(config: dict) -> bool:
 
 FAMILY = Family(
     name="eagle3", display="EAGLE-3 (chain)", article="an", api="draftsmith.drafts.eagle3.api",
-    config=Eagle3DraftConfig, supervision="eagle3", recognises=recognises, fallback=True,
+    config=Eagle3DraftConfig, supervision="eagle3", recognises=recognises, fallback=True, packing=True,
     eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
     serve_k_missing="EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
                     "start, at most the ttt_steps it was trained with)",

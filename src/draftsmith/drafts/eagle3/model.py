@@ -20,15 +20,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
-                      repeat_kv)
+from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
 from .config import Eagle3Config
+from .ttt import (MAX_BLOCK_ELEMENTS, attention_mask, attention_rows, document_positions, same_document,  # noqa: F401
+                  soft_ce_block, ttt_attention)
 
 __all__ = ["Eagle3Draft", "Eagle3Output", "Eagle3Step", "Eagle3Model", "simulated_tau", "shift_left",
            "add_eagle_modules", "attach_target", "summarize", "scalars", "describe", "PROGRESS"]
@@ -269,60 +270,6 @@ def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
     return self.lm_head(normed).float()
 
 
-# Elements of one attention-score block ((B, h, rows, T) fp32) and of one block of draft-vocab logits
-# ((rows, Vd) fp32): 2**24 is 64 MiB. Below it a TTT step runs as one block, exactly as written; above it
-# (long rows, big vocabularies) it runs in blocks of query rows under activation checkpointing, so memory
-# grows linearly in T instead of (T^2 h) for the scores and (T Vd) per step for the logits.
-MAX_BLOCK_ELEMENTS = 1 << 24
-
-
-def attention_rows(heads: int, keys: int, max_elements: int) -> int:
-    """Query rows per attention block: ``heads`` (B * h) x rows x ``keys`` scores within ``max_elements``."""
-    return max(1, int(max_elements) // max(int(heads) * int(keys), 1))
-
-
-def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], scale: float,
-                  causal: Optional[torch.Tensor] = None, start: int = 0, n_rep: int = 1) -> torch.Tensor:
-    """Step-k TTT attention for query rows ``start .. start + r`` (all rows when q has T of them).
-
-    q (B, h, r, d); keys/values: k + 1 tensors (B, h_kv, T, d), step 0's and the diagonal ones of steps
-    1..k, repeated to h = h_kv * n_rep heads here (GQA), so only the h_kv-head tensors are kept. Query t attends over step-0 keys 0..t (the index rule key <= query: ``causal`` (T, T) when
-    given, else built for these rows) and over keys[j][t] for j = 1..k, in one softmax:
-        s0 (B, h, r, t') | diag_j (B, h, r) -> probs (B, h, r, t' + k) -> out (B, h, r, d)
-    Only keys 0 .. start + r - 1 can be attended, so a block reads no more of step 0 than it needs.
-    """
-    r = q.shape[2]
-    end = start + r
-    keys = [repeat_kv(kj, n_rep) for kj in keys]
-    values = [repeat_kv(vj, n_rep) for vj in values]
-    k0, v0 = keys[0][:, :, :end], values[0][:, :, :end]
-    if causal is None:  # (r, end): key position <= query position
-        rows = torch.arange(start, end, device=q.device)[:, None]
-        causal = torch.arange(end, device=q.device)[None, :] <= rows
-    s0 = (q @ k0.transpose(-1, -2)).float() * scale
-    s0 = s0.masked_fill(~causal, float("-inf"))
-    diag = [((q * kj[:, :, start:end]).sum(-1)).float() * scale for kj in keys[1:]]  # each (B, h, r)
-    probs = torch.cat([s0] + [d[..., None] for d in diag], dim=-1).softmax(-1)  # (B, h, r, end + k)
-    probs = probs.to(v0.dtype)
-    out = probs[..., :end] @ v0  # (B, h, r, d)
-    for j in range(1, len(keys)):
-        out = out + probs[..., end + j - 1, None] * values[j][:, :, start:end]
-    return out
-
-
-def soft_ce_block(head: Callable[[torch.Tensor], torch.Tensor], normed: torch.Tensor, target_probs: torch.Tensor,
-                  rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Soft cross-entropy sum and top-1 hits of rows ``normed`` (N, H) against ``target_probs[rows, cols]``.
-
-    probs (N, Vd) are gathered here, so under checkpoint no gathered copy outlives the block;
-    logits = head(normed) (N, Vd) fp32; ce = -sum_v probs * log_softmax(logits); hit = argmax agrees.
-    """
-    probs = target_probs[rows, cols].float()  # (N, Vd)
-    logits = head(normed)
-    ce = -(probs * logits.log_softmax(-1)).sum(-1).sum()  # (N,) -> (), the unblocked reduction order
-    return ce, (logits.detach().argmax(-1) == probs.argmax(-1))
-
-
 class Eagle3Draft(nn.Module):
     """EAGLE-3 / 3.1 draft with the training-time-test (TTT) unroll, loss and acceptance metrics."""
 
@@ -349,6 +296,7 @@ class Eagle3Draft(nn.Module):
         steps: int | None = None,
         rope_step_offset: bool = True,
         logits: bool = True,
+        doc_ids: Optional[torch.Tensor] = None,
     ) -> Iterator[Eagle3Step]:
         """Yield the TTT unroll step by step (`steps` defaults to cfg.ttt_steps).
 
@@ -357,17 +305,22 @@ class Eagle3Draft(nn.Module):
         at t for every step (only for tests showing the offset matters). The K/V cache is shared:
         query (k, t) attends over step-0 keys at positions <= t plus the diagonal keys (j, t), j = 1..k,
         in one softmax, which is what inference sees after k drafted tokens. `logits=False` skips the
-        lm_head so a caller can apply it to the supervised rows only.
+        lm_head so a caller can apply it to the supervised rows only. `doc_ids` (B, T) int: a packed row's
+        documents (one contiguous run each, -1 on padding, see ttt.py): positions restart at each
+        document's first slot and step-0 keys are attended within the query's document only.
         """
         cfg = self.cfg
         b, t = input_ids.shape
-        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        if doc_ids is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        else:  # (B, T) position within the document: what the conversation's own row would rotate at
+            positions = document_positions(doc_ids)
         h = self.combine(aux_hidden)  # (B, T, H)
         keys: tuple[torch.Tensor, ...] = ()  # per step (B, h_kv, T, d), before repeat_kv
         values: tuple[torch.Tensor, ...] = ()
         for k in range(cfg.ttt_steps if steps is None else steps):
             cos, sin = self.rotary(positions + k if rope_step_offset else positions)
-            args = (h, shift_left(input_ids, k), cos, sin, keys, values)
+            args = (h, shift_left(input_ids, k), cos, sin, keys, values, doc_ids)
             if self.activation_checkpointing and torch.is_grad_enabled():  # keeps the step's inputs and outputs only
                 h_pre, normed, key, value = checkpoint(self.ttt_step, *args, use_reentrant=False)
             else:
@@ -377,9 +330,10 @@ class Eagle3Draft(nn.Module):
             h = normed if cfg.norm_output else h_pre  # fed back unshifted
 
     def ttt_step(self, h: torch.Tensor, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]):
+                 keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...], doc: Optional[torch.Tensor] = None):
         """One TTT step: state h (B, T, H) and ids (B, T) (already shifted by k) with the k earlier steps'
-        keys/values (B, h_kv, T, d) -> (h_pre, norm(h_pre), this step's key, value)."""
+        keys/values (B, h_kv, T, d) -> (h_pre, norm(h_pre), this step's key, value). ``doc`` (B, T): a
+        packed row's documents; attention stays within each."""
         cfg, layer = self.cfg, self.model.layers[0]
         b, t = ids.shape
         n_rep, scale = cfg.num_attention_heads // cfg.num_key_value_heads, 1.0 / math.sqrt(cfg.head_dim)
@@ -388,10 +342,13 @@ class Eagle3Draft(nn.Module):
         kv = ((*keys, key), (*values, value))
         rows = attention_rows(b * q.shape[1], t, self.max_score_elements)
         if rows >= t:  # the whole (B, h, T, T) score tensor fits the budget: one block, no recompute
-            causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()  # (T, T) key <= query
+            if doc is None:
+                causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()  # (T, T) key <= query
+            else:  # (B, 1, T, T): key <= query in the query's document (no larger than the scores' budget)
+                causal = attention_mask(0, t, ids.device, doc)
             out = ttt_attention(q, *kv, scale, causal, 0, n_rep)
         else:  # query blocks, each recomputed in backward: autograd keeps no (B, h, T, T) tensor
-            out = torch.cat([checkpoint(ttt_attention, q[:, :, a : a + rows], *kv, scale, None, a, n_rep,
+            out = torch.cat([checkpoint(ttt_attention, q[:, :, a : a + rows], *kv, scale, None, a, n_rep, doc,
                                         use_reentrant=False) for a in range(0, t, rows)], dim=2)
         h_pre = layer.finish(out, residual=layer.residual(h))
         return h_pre, self.model.norm(h_pre), key, value
@@ -403,6 +360,7 @@ class Eagle3Draft(nn.Module):
         target_probs: torch.Tensor,
         position_mask: torch.Tensor,
         loss_mask: Optional[torch.Tensor] = None,
+        doc_ids: Optional[torch.Tensor] = None,
     ) -> Eagle3Output:
         """Training-time test over already-shifted EAGLE-3 supervision (right padding only).
 
@@ -414,13 +372,18 @@ class Eagle3Draft(nn.Module):
         shifted left by k; loss = sum_k 0.8^k loss_k / sum_k 0.8^k (base = cfg.step_weight).
         Metrics count over shift_left(loss_mask, k): a hit needs m_k (the draft cannot name a target
         outside its vocab), so accuracy and simulated tau are hits / all loss positions, as in vLLM.
+        doc_ids (B, T): packed rows (see :meth:`iter_steps`); step k then also needs slot t + k in slot t's
+        document, so a packed row gives the loss, metrics and gradients of its conversations one per row.
         """
         ce_sums, correct, prefix_hits, counts, loss_counts = [], [], [], [], []
         prefix = None
         loss_mask = position_mask if loss_mask is None else loss_mask
-        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False)):
+        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False, doc_ids=doc_ids)):
             mask_k = shift_left(position_mask, k).bool()  # (B, T) rows the CE is taken on
             scored_k = shift_left(loss_mask, k).bool() | mask_k  # (B, T) rows the metrics count
+            if doc_ids is not None:  # slot t + k in the next document: the unpacked row's zero tail
+                same = same_document(doc_ids, k)
+                mask_k, scored_k = mask_k & same, scored_k & same
             # The lm_head, log-softmax and CE run on supervised rows only: (N, H) -> (N, Vd). That
             # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
             # Row (b, t) of step k learns target_probs[b, t + k]: gathered, so no shifted (B, T, Vd) copy.
@@ -456,9 +419,11 @@ class Eagle3Draft(nn.Module):
         )
 
     def supervised(self, sup: Any, generators: RowGenerators = None) -> Eagle3Output:
-        """:meth:`forward` on an ``eagle3`` supervision object (read by field name); EAGLE-3 draws
-        nothing at random, so ``generators`` (one per row) is unused."""
-        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask)
+        """:meth:`forward` on an ``eagle3`` supervision object (read by field name; ``doc_ids`` when its
+        rows are packed); EAGLE-3 draws nothing at random, so ``generators`` (one per row) is unused."""
+        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask,
+                    getattr(sup, "doc_ids", None))
+
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (weights = `state_dict()`)."""
         return self.cfg.to_export(aux_layer_ids, torch_dtype)
