@@ -135,7 +135,7 @@ def target_head(engine: Any) -> Any:
     """The engine's :class:`~draftsmith.targets.contract.TargetHead`: its own ``target_head()`` when it has
     one (the hf engine: the model's norm and output modules), else its final norm weight, lm_head and
     eps through :func:`~draftsmith.targets.contract.rebuild_logits` (engines that return states only)."""
-    from draftsmith.targets.contract import TargetHead
+    from draftsmith.targets.head import TargetHead
 
     own = getattr(engine, "target_head", None)
     if own is not None:

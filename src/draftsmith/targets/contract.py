@@ -219,80 +219,8 @@ def shift_left(x: Tensor, n: int = 1, dim: int = 1) -> Tensor:
     return out
 
 
-def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: float) -> Tensor:
-    """Full-vocab logits from the pre-norm residual stream at layer id L (engines that only return states).
-
-    Llama/Qwen RMSNorm then the lm_head, in the same op order as transformers so fp32 matches bitwise:
-        x = h.float(); y = w * (x * rsqrt(mean(x^2, -1) + eps)).to(h.dtype); logits = y @ lm_head.T
-    h_last: (B, S, H), norm_weight: (H,), lm_head: (V, H) -> (B, S, V) in h_last's dtype.
-    """
-    x = h_last.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    y = norm_weight.to(h_last.dtype) * x.to(h_last.dtype)
-    return torch.nn.functional.linear(y, lm_head.to(h_last.dtype))
-
-
-# Rows of full-vocab logits built at once: 2**24 elements is 64 MiB in fp32, i.e. 130 positions of a
-# 128k vocabulary. A batch of T positions then never holds a (T, V) tensor; a tiny test target fits in
-# one chunk, where the chunked path runs exactly the unchunked ops.
-LOGITS_CHUNK_ELEMENTS = 1 << 24
-
-
-@dataclass(frozen=True)
-class TargetHead:
-    """The target's head as a function: the pre-norm state at layer id L -> full-vocab logits.
-
-    ``project``: (N, H) -> (N, V) in the state's dtype (final norm, then the lm_head). Engines that
-    return states only use :func:`rebuild_logits` over their weights; the hf engine applies the
-    model's own norm and output modules, so its logits are the ones its forward would return.
-    """
-
-    project: Callable[[Tensor], Tensor]
-    vocab_size: int
-
-    @staticmethod
-    def from_weights(norm_weight: Tensor, lm_head: Tensor, eps: float) -> "TargetHead":
-        return TargetHead(lambda h: rebuild_logits(h, norm_weight, lm_head, eps), int(lm_head.shape[0]))
-
-
-def chunk_rows(vocab_size: int, max_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
-    """Rows of (rows, vocab_size) logits that fit ``max_elements`` (at least one row)."""
-    return max(1, int(max_elements) // max(int(vocab_size), 1))
-
-
-def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Tensor], *,
-                        max_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor]:
-    """The target's distribution over the draft vocab and whether its argmax lies there, by chunks of rows.
-
-    h_last (B, S, H) pre-norm state at layer id L -> probs (B, S, Vd) float32, in_draft (B, S) bool.
-    Per chunk of positions: logits (c, V) = head(h); top = argmax_V; probs = softmax(logits[:, draft_ids]
-    .float()); so at most one (c, V) logits tensor lives at a time, c = max_elements // V. Each row's
-    result is what the unchunked formula gives for that row; with one chunk the ops are identical.
-    ``draft_ids`` None: the full vocab (probs is then (B, S, V): a full-vocab draft needs it whole).
-    """
-    B, S, H = h_last.shape
-    flat = h_last.reshape(B * S, H)
-    rows = chunk_rows(head.vocab_size, max_elements)
-    ids = None if draft_ids is None else draft_ids.to(device=h_last.device, dtype=torch.long)
-    t2d = None
-    if ids is not None:
-        t2d = torch.zeros(head.vocab_size, dtype=torch.bool, device=h_last.device)
-        t2d[ids] = True
-    width = head.vocab_size if ids is None else int(ids.numel())
-    # Written chunk by chunk into one output: a list of chunks joined by cat would hold (N, Vd) twice.
-    p = torch.empty(B * S, width, dtype=torch.float32, device=h_last.device)
-    m = torch.empty(B * S, dtype=torch.bool, device=h_last.device)
-    for r in range(0, B * S, rows):
-        logits = head.project(flat[r : r + rows])  # (c, V) in the target's dtype
-        top = logits.argmax(dim=-1)  # (c,) full-vocab argmax
-        if ids is not None:
-            m[r : r + rows] = t2d[top]
-            logits = logits.index_select(-1, ids)  # (c, Vd)
-        else:
-            m[r : r + rows] = True
-        torch.softmax(logits.float(), dim=-1, out=p[r : r + rows])
-        del logits
-    return p.reshape(B, S, -1), m.reshape(B, S)
+from draftsmith.targets.head import (LOGITS_CHUNK_ELEMENTS, TargetHead, chunk_rows,  # noqa: E402,F401
+                                    draft_vocab_targets, rebuild_logits)
 
 
 @dataclass

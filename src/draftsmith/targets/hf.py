@@ -191,7 +191,7 @@ class HFEngine(ColocatedEngine):
         """The model's own head as a :class:`~draftsmith.targets.contract.TargetHead`: its final norm
         module, then its output embedding, the two modules its forward applies to layer id L's state, so
         logits built from the state in chunks are the forward's logits row for row."""
-        from draftsmith.targets.contract import TargetHead
+        from draftsmith.targets.head import TargetHead
 
         model, norm = self.model, self._norm
         out = model.get_output_embeddings()
