@@ -47,6 +47,15 @@ def test_int_accepted_for_float_and_bool_not_for_int():
         build_config({"train": {"epochs": True}})
 
 
+def test_activation_checkpointing_is_an_off_by_default_bool(tmp_path):
+    assert RunConfig().train.activation_checkpointing is False
+    p = tmp_path / "run.yaml"
+    p.write_text("train:\n  activation_checkpointing: true\n")
+    assert load_config(p).train.activation_checkpointing is True
+    with pytest.raises(ConfigError, match="'train.activation_checkpointing' = 'yes'"):
+        build_config({"train": {"activation_checkpointing": "yes"}})
+
+
 def test_set_overrides_parse_yaml_values(tmp_path):
     p = tmp_path / "run.yaml"
     p.write_text("train:\n  lr: 0.001\n  epochs: 2\n")

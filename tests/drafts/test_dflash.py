@@ -1,5 +1,6 @@
 """DFlash family drafts: anchors by hand, block mask vs a loop predicate, the block forward vs one
-block at a time, decay weights and loss by hand, JetSpec teacher alignment, Domino lambda, export."""
+block at a time, decay weights and loss by hand, JetSpec teacher alignment, Domino lambda, export.
+Chunked losses and activation checkpointing: tests/drafts/test_chunked.py."""
 
 import math
 import types
@@ -118,6 +119,26 @@ def test_visibility_matches_a_loop_predicate(causal):
                 assert bool(vis[b, q, kv]) == want, (b, q, kv)
 
 
+def test_bool_mask_gives_the_old_additive_mask_output_bitwise():
+    # training passes the bool visibility straight to SDPA (one byte tensor shared by every layer);
+    # the old additive fp32 mask (0 / -inf) gave the same states, forward and backward
+    m = make_draft(DFlashDraft, causal=True)
+    sup = make_sup()
+    anchor, keep = sample_anchors(sup.loss_mask, 4, 4, torch.Generator().manual_seed(3))
+    noise, pos, _, _ = block_inputs(sup.input_ids, sup.loss_mask, anchor, keep, 4, MASK)
+    vis = visibility(anchor, 16, 4, True)[:, None]
+    add = torch.zeros(vis.shape).masked_fill(~vis, float("-inf"))
+    outs = []
+    for mask in (vis, add):
+        m.zero_grad()
+        kvs = m.context_kv(m.context(sup.aux_hidden), torch.arange(16).expand(2, 16))
+        h = m.run_blocks(noise.flatten(1), pos.flatten(1), kvs, mask)
+        h.square().sum().backward()
+        outs.append((h.detach(), [p.grad.clone() for p in m.parameters()]))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(outs[0][1], outs[1][1]))
+
+
 # ---- forward -------------------------------------------------------------------------------------
 
 
@@ -143,7 +164,7 @@ def test_block_forward_equals_one_block_at_a_time(cls, causal):
                 add = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[None, None]
                 ref = m.run_blocks(ids, torch.arange(a, a + 4)[None], kvs, add)[0]
                 torch.testing.assert_close(h[b, j], ref, atol=1e-5, rtol=1e-5)
-                # inference drafts the same rows 1..3
+                # inference drafts the same rows 1..3 (its mask: none, or the causal index rule)
                 logits = m.propose(kvs, int(sup.input_ids[b, a]), a, 3)
                 torch.testing.assert_close(logits, m.logits(ref[1:]).float(), atol=1e-4, rtol=1e-5)
 

@@ -242,3 +242,32 @@ def test_eagle_loaders_refuse_a_dflash_checkpoint(full):
         msg = str(err.value)
         assert "describes a dflash block draft (Qwen3DFlashDraftModel" in msg and "\n" not in msg, msg
         assert "get_family('dflash').load_exported" in msg
+
+
+@pytest.mark.parametrize("family", ["dflash", "peagle"])
+def test_activation_checkpointing_reaches_the_draft_from_a_yaml_config(tiny, tmp_path, family):
+    import yaml
+
+    from draftsmith.config import load_config
+    from draftsmith.train.loop import Trainer
+
+    target, data, _ = tiny
+    draft = ({"type": "peagle", "mask_token_id": MASK, "num_depths": 3, "num_draft_layers": 2} if family == "peagle"
+             else {"type": "dflash", "mask_token_id": MASK, "block_size": BS, "num_draft_layers": 2, "num_anchors": 4})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({
+        "target": {"path": str(target), "aux_layer_ids": [1, 3, 4] if family == "peagle" else None},
+        "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2}, "draft": draft,
+        "train": {"batch_size": 2, "num_threads": 1, "activation_checkpointing": True},
+        "output": {"dir": str(tmp_path / "out"), "tensorboard": False}}))
+    trainer = Trainer(load_config(path), progress=False)
+    try:
+        layers = trainer.draft.model.layers if family == "peagle" else trainer.draft.layers
+        assert trainer.draft.activation_checkpointing is True
+        calls = []
+        layers[-1].register_forward_pre_hook(lambda *_: calls.append(1))
+        out = trainer.forward(trainer.train_set[:2])[0]
+        out.loss.backward()
+        assert len(calls) == 2  # the last layer ran again in backward: it was checkpointed
+    finally:
+        trainer.engine.close()

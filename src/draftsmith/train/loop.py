@@ -159,6 +159,8 @@ class Trainer:
     def _build_draft(self) -> None:
         """A fresh draft, given what it takes from the target (embeddings; lm_head + final norm if asked)."""
         self.draft = build_draft(self.cfg, self.info, self.vocab, self.aux_ids)
+        if hasattr(self.draft, "activation_checkpointing"):  # a memory knob of multi-layer drafts, not their math
+            self.draft.activation_checkpointing = self.cfg.train.activation_checkpointing
         self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
                                   head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight()),
                                   vocab=self.vocab)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..chunked import chunked_rows
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
@@ -84,17 +85,23 @@ class DominoDraft(DFlashDraft):
         g = torch.cat([g.new_zeros(b * n, 1 - o, g.shape[-1]), g], 1).view(b, n, bs, -1)
         w = self.loss_weights.to(h.device).expand_as(lmask)[lmask]
         row = torch.arange(bs, device=h.device).expand_as(lmask)[lmask] - (1 - o)  # drafted row index
-        base = self.logits(h[lmask]).float()  # (M, V)
-        final = self.correct_rows(base, h[lmask], g[lmask], row)
-        y = labels[lmask]
 
-        def ce_sum(logits):
-            return (w * F.cross_entropy(logits, y, reduction="none")).sum()
+        def ce_sums(start, h, g, row, y, w):  # one chunk of the M supervised rows
+            base = self.logits(h).float()  # (c, H) -> (c, V)
+            final = self.correct_rows(base, h, g, row)
 
+            def ce_sum(logits):
+                return (w * F.cross_entropy(logits, y, reduction="none")).sum()
+
+            return ce_sum(final), ce_sum(base), final.argmax(-1) == y
+
+        # (M, V) logits twice (final and base) a chunk of rows at a time when M x V is large
+        ce_final, ce_base, hits = chunked_rows(ce_sums, [h[lmask], g[lmask], row, labels[lmask], w],
+                                               self.vocab_rows, self.loss_max_elements)
         lam = self.lam  # (1 - lam) * CE_w(final) + lam * CE_w(base), both over the same weight sum
-        parts = LossParts.of([ce_sum(final), ce_sum(base)], [w.sum(), w.sum()], [1 - lam, lam])
+        parts = LossParts.of([ce_final, ce_base], [w.sum(), w.sum()], [1 - lam, lam])
         correct = torch.zeros_like(lmask)
-        correct[lmask] = final.argmax(-1) == y
+        correct[lmask] = hits
         return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - o), parts)
 
     def head_logits(self, h: torch.Tensor, anchor_token: int) -> torch.Tensor:

@@ -18,7 +18,10 @@ Block position k predicts the token at a_b + k, so position 0 (the anchor) is ne
 
 Loss: sum_{b, k>=1} w_k CE_k m / (sum w_k m + 1e-6), w_k = exp(-(k-1)/gamma) (uniform when gamma is
 None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (dflash/jetspec.py) swaps the CE for
-a KD loss and Domino (dflash/domino.py) adds a GRU correction head; both reuse everything here.
+a KD loss and Domino (dflash/domino.py) adds a GRU correction head; both reuse everything here. The
+(M, V) logits of the M supervised rows are never whole when M x V exceeds ``loss_max_elements``:
+drafts/chunked.py runs them a chunk of rows at a time (recomputed in backward).
+``activation_checkpointing`` (train.activation_checkpointing) recomputes each layer in backward.
 Inference (``propose``) keeps the projected context K/V per layer across rounds, as vLLM's
 ``precompute_and_store_context_kv`` writes them into the draft KV cache (infer.py: the block proposer).
 """
@@ -31,7 +34,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from ..chunked import MAX_ELEMENTS, chunked_soft_ce
 from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
 from .config import DFlashConfig
 
@@ -102,6 +107,9 @@ def visibility(anchor: torch.Tensor, context_len: int, block_size: int, causal: 
 
     Query (block j, offset i) sees context kv < a_j and, in its own block, every offset (bidirectional)
     or offsets <= i (causal). Padding blocks (anchor 0) keep their in-block keys, so no row is empty.
+    Dense on purpose: each query's context ends at its own block's anchor (per row, data-dependent),
+    which SDPA's only index rule (is_causal, one top-left triangle) cannot say, and one SDPA call over
+    all blocks needs one mask; it is bool (1 byte an entry) and shared by every layer.
     """
     b, n = anchor.shape
     dev = anchor.device
@@ -166,14 +174,17 @@ class DFlashAttention(nn.Module):
         return apply_rotary(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
-                ctx_v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x (B, Q, H) block states, ctx_k/v (B, h_kv, S, d), mask (B or 1, 1, Q, S + Q) additive -> (B, Q, H)."""
+                ctx_v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """x (B, Q, H) block states, ctx_k/v (B, h_kv, S, d), mask (B or 1, 1, Q, S + Q) bool (True =
+        visible; None = every key) -> (B, Q, H)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rotary(q, cos, sin)
         k, v = self.kv(x, cos, sin)
         k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)  # (B, h_kv, S + Q, d)
-        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask.to(q.dtype),
+        # A bool mask goes to SDPA as is: one (B, 1, Q, S + Q) byte tensor shared by every layer (an
+        # additive float copy per layer would be saved for backward by each); the same output bitwise.
+        out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
@@ -217,6 +228,9 @@ class DFlashDraft(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
         self.register_buffer("loss_weights", decay_weights(cfg.block_size, cfg.loss_decay_gamma, 1 - self.label_offset),
                              persistent=False)
+        # Memory knobs, not math (the loss and gradients are the same either way, up to rounding):
+        self.loss_max_elements = MAX_ELEMENTS  # (rows, V) logits per loss chunk (drafts/chunked.py)
+        self.activation_checkpointing = False  # recompute each layer in backward (train.activation_checkpointing)
         # The target's, frozen and not registered: never in state_dict (not on disk), never optimized.
         self.__dict__["embed_tokens"] = None
         self.__dict__["lm_head"] = None
@@ -245,6 +259,11 @@ class DFlashDraft(nn.Module):
         """(..., H) normed states -> (..., V) with the target's lm_head."""
         return F.linear(h, self.lm_head.to(h.dtype))
 
+    @property
+    def vocab_rows(self) -> int:
+        """V: the borrowed lm_head's rows (what one row of logits holds)."""
+        return int(self.lm_head.shape[0]) if self.lm_head is not None else self.cfg.vocab_size
+
     def context(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """(B, S, n, H) target states -> ctx (B, S, H) = hidden_norm(fc(concat))."""
         return self.hidden_norm(self.fc(aux_hidden.flatten(2).to(self.fc.weight.dtype)))
@@ -254,12 +273,30 @@ class DFlashDraft(nn.Module):
         cos, sin = self.rotary(positions)
         return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
-    def run_blocks(self, noise_ids: torch.Tensor, positions: torch.Tensor, kvs: list, mask: torch.Tensor) -> torch.Tensor:
+    def run_blocks(self, noise_ids: torch.Tensor, positions: torch.Tensor, kvs: list,
+                   mask: Optional[torch.Tensor]) -> torch.Tensor:
         """Blocks (B, Q) ids at (B, Q) positions over per-layer context K/V -> norm(h) (B, Q, H)."""
         x = self.embed(noise_ids)
         cos, sin = self.rotary(positions)
         for layer, (k, v) in zip(self.layers, kvs):
             x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x)
+
+    def run_blocks_checkpointed(self, noise_ids: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor,
+                                ctx_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`run_blocks` with each layer, its context K/V projection included, under checkpoint:
+        backward keeps each layer's (B, Q, H) input and recomputes the rest, so the per-layer
+        (B, h_kv, S, d) context K/V of a long context are not all held at once."""
+        x = self.embed(noise_ids)
+        cos, sin = self.rotary(positions)
+        ccos, csin = self.rotary(ctx_pos)
+
+        def step(layer: DFlashLayer, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+            k, v = layer.self_attn.kv(ctx, ccos, csin)  # (B, S, H) -> (B, h_kv, S, d) x2
+            return layer(x, cos, sin, k, v, mask)
+
+        for layer in self.layers:
+            x = checkpoint(step, layer, x, ctx, use_reentrant=False)
         return self.norm(x)
 
     def blocks(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -272,21 +309,24 @@ class DFlashDraft(nn.Module):
         anchor, keep = sample_anchors(loss_mask, bs + o, cfg.num_anchors, generator)
         noise, pos, labels, lmask = block_inputs(input_ids, loss_mask, anchor, keep, bs, cfg.mask_token_id, o)
         ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
-        kvs = self.context_kv(self.context(aux_hidden), ctx_pos)
-        vis = visibility(anchor, s, bs, cfg.causal)
-        mask = torch.zeros(vis.shape, device=vis.device).masked_fill(~vis, float("-inf"))[:, None]
-        h = self.run_blocks(noise.flatten(1), pos.flatten(1), kvs, mask)
+        ctx = self.context(aux_hidden)  # (B, S, n*H) -> (B, S, H)
+        mask = visibility(anchor, s, bs, cfg.causal)[:, None]  # (B, 1, Q, S + Q) bool
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            h = self.run_blocks_checkpointed(noise.flatten(1), pos.flatten(1), ctx, ctx_pos, mask)
+        else:
+            h = self.run_blocks(noise.flatten(1), pos.flatten(1), self.context_kv(ctx, ctx_pos), mask)
         return h.view(b, -1, bs, h.shape[-1]), labels, lmask, anchor
 
     def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
                    sup: Any) -> DFlashOutput:
         """Decay-weighted CE against the data tokens: per-position CE on supervised rows only."""
         w = self.loss_weights.to(h.device).expand_as(lmask)[lmask]  # (M,)
-        logits = self.logits(h[lmask]).float()  # (M, V)
-        ce = F.cross_entropy(logits, labels[lmask], reduction="none")
-        parts = LossParts.of([(w * ce).sum()], [w.sum()], [1.0])  # sum_m w_m CE_m / sum_m w_m
+        # (M, H) -> (M, V) logits -> CE, a chunk of rows at a time when M x V is large
+        ce, hits = chunked_soft_ce(h[lmask], self.logits, labels[lmask], vocab_size=self.vocab_rows, weight=w,
+                                   max_elements=self.loss_max_elements)
+        parts = LossParts.of([ce], [w.sum()], [1.0])  # sum_m w_m CE_m / sum_m w_m
         correct = torch.zeros_like(lmask)
-        correct[lmask] = logits.argmax(-1) == labels[lmask]
+        correct[lmask] = hits
         return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - self.label_offset), parts)
 
     def forward(self, sup: Any, generator: Optional[torch.Generator] | RowGenerators = None) -> DFlashOutput:
@@ -323,9 +363,11 @@ class DFlashDraft(nn.Module):
         ids[0, 0] = anchor_token
         pos = torch.arange(position, position + n, device=dev)[None]
         s = kvs[0][0].shape[2]
-        vis = visibility(torch.tensor([[0]], device=dev), 0, n, self.cfg.causal)  # (1, n, n)
-        vis = torch.cat([torch.ones(1, n, s, dtype=torch.bool, device=dev), vis], 2)  # context: all of it
-        mask = torch.zeros(vis.shape, device=dev).masked_fill(~vis, float("-inf"))[:, None]
+        # The block sees all s context keys; in the block, every key (no mask at all) or, causal,
+        # keys up to itself: kv j visible to query i iff j <= s + i, an (n, s + n) index rule.
+        mask = None
+        if self.cfg.causal:
+            mask = torch.arange(s + n, device=dev)[None, :] <= s + torch.arange(n, device=dev)[:, None]
         return self.head_logits(self.run_blocks(ids, pos, kvs, mask)[0, 1 - self.label_offset:], anchor_token)
 
     def head_logits(self, h: torch.Tensor, anchor_token: int) -> torch.Tensor:

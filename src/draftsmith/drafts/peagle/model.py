@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..eagle3 import model as eagle3
 from ..eagle3.infer import DraftKVCache
@@ -182,6 +183,9 @@ class PEagleDraft(PEagleInference, nn.Module):
         self.model.layers.extend(PEagleDecoderLayer(cfg) for _ in range(cfg.num_draft_layers - 1))
         # N(0, 1) like the reference, not 0.02: it passes fc_norm/fc like a real aux state.
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, cfg.num_aux * cfg.target_hidden_size))
+        # recompute each layer in backward instead of keeping its activations (train.activation_checkpointing);
+        # the loss and gradients are the same up to rounding
+        self.activation_checkpointing = False
 
     # EAGLE-3's head (eagle3/model.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
     set_vocab_map = eagle3.set_vocab_map
@@ -199,14 +203,21 @@ class PEagleDraft(PEagleInference, nn.Module):
         RoPE positions, mask (B or 1, 1, N, N) additive fp32. ``caches``: one per layer, each holding
         S earlier slots; the N new slots are appended to every one and mask is (B or 1, 1, N, S + N).
         """
+        # activation checkpointing: training only (no grad or a KV cache is inference, nothing to save)
+        recompute = self.activation_checkpointing and caches is None and torch.is_grad_enabled()
         caches = caches if caches is not None else [None] * len(self.model.layers)
         cos, sin = self.rotary(positions)  # (B, N, d) each
         layer0 = self.model.layers[0]
         hidden = hidden.to(self.model.fc.weight.dtype)
-        x = layer0.fuse(self.model.embed_tokens(input_ids), hidden)  # (B, N, 2H)
-        h = layer0.finish(attend(layer0.self_attn, x, cos, sin, mask, caches[0]), residual=layer0.residual(hidden))  # (B, N, H)
+
+        def first(embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, H) x2 -> (B, N, H)
+            x = layer0.fuse(embeds, hidden)  # (B, N, 2H)
+            return layer0.finish(attend(layer0.self_attn, x, cos, sin, mask, caches[0]), residual=layer0.residual(hidden))
+
+        embeds = self.model.embed_tokens(input_ids)
+        h = checkpoint(first, embeds, hidden, use_reentrant=False) if recompute else first(embeds, hidden)
         for layer, cache in zip(self.model.layers[1:], caches[1:]):
-            h = layer(h, cos, sin, mask, cache)
+            h = checkpoint(layer, h, cos, sin, mask, use_reentrant=False) if recompute else layer(h, cos, sin, mask, cache)
         return self.model.norm(h)
 
     def flat_forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, anchor: torch.Tensor,
