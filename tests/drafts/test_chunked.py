@@ -1,19 +1,22 @@
 """Bounded-memory losses and activation checkpointing: the loss over the vocabulary in chunks of rows
-(drafts/chunked.py) equals the unchunked one, loss and gradients, for DFlash's CE and Domino's two
-CEs; a draft with activation checkpointing gives the loss and gradients it gives without."""
+(drafts/chunked.py) equals the unchunked one, loss and gradients, for DFlash's CE, JetSpec's KD and
+Domino's two CEs; JetSpec's teacher from the target's last state is the engines' rebuilt logits; a
+draft with activation checkpointing gives the loss and gradients it gives without."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from draftsmith.drafts.chunked import MAX_ELEMENTS, chunked_rows, chunked_soft_ce, rows_per_chunk
-from draftsmith.drafts.dflash import domino
+from draftsmith.drafts.dflash import domino, jetspec
 from draftsmith.drafts.dflash.model import DFlashDraft
+from draftsmith.targets.contract import rebuild_logits
 import test_peagle
-from test_dflash import DOMINO, V, make_draft, make_sup
+from test_dflash import DOMINO, H, V, make_draft, make_sup
 
-FAMILIES = [(DFlashDraft, {}), (domino.DominoDraft, {"extra": dict(DOMINO)})]
-IDS = ["dflash", "domino"]
+FAMILIES = [(DFlashDraft, {}), (jetspec.JetSpecDraft, {"causal": True, "extra": {"kd_temperature": 2.0}}),
+            (domino.DominoDraft, {"extra": dict(DOMINO)})]
+IDS = ["dflash", "jetspec", "domino"]
 
 
 def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-6) -> bool:
@@ -118,7 +121,7 @@ def test_chunked_draft_loss_and_grads_equal_the_unchunked(cls, kw):
         m.set_progress(5, 20)  # lambda 0.5: both CEs count
     sup = make_sup()
     whole, whole_g = loss_and_grads(m, sup)
-    m.loss_max_elements = 3 * V  # 3 rows a chunk
+    m.loss_max_elements = 3 * V  # 3 rows a chunk (B x S x V = 1600 > 150: JetSpec's teacher per chunk too)
     part, part_g = loss_and_grads(m, sup)
     assert int(whole.sums["pos_count"].sum()) > 6  # several chunks
     assert close(part.loss.detach(), whole.loss.detach())
@@ -127,6 +130,32 @@ def test_chunked_draft_loss_and_grads_equal_the_unchunked(cls, kw):
         assert close(part_g[name], whole_g[name]), name
     for key in whole.sums:
         assert torch.equal(part.sums[key], whole.sums[key]), key  # the hits come from the same chunks
+
+
+def test_jetspec_teacher_from_the_last_state_is_the_rebuilt_logits():
+    m = make_draft(jetspec.JetSpecDraft, causal=True, extra={"kd_temperature": 2.0})
+    last = make_sup().last_hidden  # (B, S, H)
+    for dtype in (torch.float32, torch.bfloat16):
+        h = last.to(dtype)
+        ref = rebuild_logits(h, m.teacher_norm, m.lm_head, m.teacher_eps)  # what the engines made: (B, S, V)
+        got = m.teacher_logits(h)
+        assert got.dtype == dtype and torch.equal(got, ref)
+        assert torch.equal(torch.softmax(got.float(), -1), torch.softmax(ref.float(), -1))
+        rows = m.teacher_logits(h[0, 3:7])  # a chunk's rows alone: the same up to rounding
+        torch.testing.assert_close(rows.float(), ref[0, 3:7].float(), atol=1e-4 if dtype == torch.float32 else 0.2,
+                                   rtol=1e-5 if dtype == torch.float32 else 0.02)
+    m.teacher_norm = None
+    with pytest.raises(RuntimeError, match=r"attach_teacher\(final_norm_weight, eps\)"):
+        m.teacher_logits(last)
+    assert "teacher_norm" not in m.state_dict()  # never saved: the export is what it was
+
+
+def test_jetspec_attach_target_takes_the_final_norm():
+    m = jetspec.JetSpecDraft(make_draft(jetspec.JetSpecDraft, causal=True).cfg)
+    lm_head, norm = torch.randn(V, H), torch.rand(H)
+    jetspec.attach_target(m, None, embeddings=torch.randn(V, H), head=lambda: (lm_head, norm), vocab=None)
+    assert m.lm_head is not None and torch.equal(m.teacher_norm, norm) and m.teacher_eps == m.cfg.rms_norm_eps
+    assert sorted(m.state_dict()) == sorted(DFlashDraft(m.cfg).state_dict())
 
 
 # ---- activation checkpointing --------------------------------------------------------------------

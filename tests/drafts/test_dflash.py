@@ -14,6 +14,7 @@ from draftsmith.drafts.dflash import domino, jetspec
 from draftsmith.drafts.dflash.config import DFlashConfig
 from draftsmith.drafts.dflash.model import (DFlashDraft, NoValidAnchors, block_inputs, block_metrics, decay_weights,
                                            sample_anchors, visibility)
+from draftsmith.targets.contract import rebuild_logits
 
 V, H, L, MASK = 50, 32, 6, 7
 
@@ -38,6 +39,8 @@ def make_draft(cls=DFlashDraft, seed=0, **kw):
     for p in m.parameters():  # non-trivial norms so a wrong order of ops shows
         if p.dim() == 1:
             p.data.uniform_(0.5, 1.5, generator=g)
+    if isinstance(m, jetspec.JetSpecDraft):  # the target's final norm: the KD teacher's head
+        m.attach_teacher(torch.empty(H).uniform_(0.5, 1.5, generator=g), 1e-5)
     return m
 
 
@@ -48,7 +51,7 @@ def make_sup(b=2, s=16, seed=1):
     mask[1, 6:9] = 1  # a short answer: few valid anchors, padding blocks
     return types.SimpleNamespace(aux_hidden=torch.randn(b, s, 2, H, generator=g), loss_mask=mask,
                                  input_ids=torch.randint(0, V, (b, s), generator=g),
-                                 logits=torch.randn(b, s, V, generator=g) * 3)
+                                 last_hidden=torch.randn(b, s, H, generator=g) * 3)  # JetSpec's (dflash_kd)
 
 
 # ---- anchors -------------------------------------------------------------------------------------
@@ -232,9 +235,11 @@ def test_jetspec_teacher_is_the_target_at_anchor_plus_k_minus_1():
     out = m(sup)
     torch.manual_seed(4)
     h, _, lmask, anchor = m.blocks(sup.aux_hidden, sup.input_ids, sup.loss_mask)
+    # the target's logits as the engines rebuild them from id L (targets/contract.py)
+    logits = rebuild_logits(sup.last_hidden, m.teacher_norm, m.lm_head, m.teacher_eps)  # (B, S, V)
     kls = []
     for b, j, k in lmask.nonzero().tolist():
-        t = torch.softmax(sup.logits[b, int(anchor[b, j]) + k - 1] / 2.0, -1)  # the target's next-token dist
+        t = torch.softmax(logits[b, int(anchor[b, j]) + k - 1] / 2.0, -1)  # the target's next-token dist
         s = torch.log_softmax((h[b, j, k] @ m.lm_head.T) / 2.0, -1)
         kls.append(float((t * (t.log() - s)).sum()) * 4.0)
     assert float(out.loss) == pytest.approx(sum(kls) / len(kls), rel=1e-5)

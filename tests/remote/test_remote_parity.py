@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftsmith.remote.client import RemoteEngine
-from draftsmith.targets import Batch
+from draftsmith.targets import Batch, supervision_for
 from draftsmith.targets.contract import SUPERVISION, eagle3_supervision, supervision_tensors
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
@@ -54,7 +54,8 @@ def test_supervision_bitwise_equal_to_co_located(setup, n_servers, prefetch):
 
 @pytest.mark.parametrize("kind", ["dflash", "dflash_kd"])
 def test_dflash_supervision_bitwise_equal_to_co_located(setup, kind):
-    """Vocab-free kinds need no vocab map; dflash_kd's full-vocab logits cross the wire in their dtype."""
+    """Vocab-free kinds need no vocab map; dflash_kd's state at id L (not V logits a position) crosses the
+    wire in its dtype."""
     target, _, servers = setup
     hf = HFEngine(target)
     ids = [2, 6, 4]  # engine ids (DFlash hook ids [1, 5, 3]), 6 = L, request order kept
@@ -65,22 +66,27 @@ def test_dflash_supervision_bitwise_equal_to_co_located(setup, kind):
     k = SUPERVISION[kind]
     for b, (rb, sup) in zip(bs, got):
         assert rb is b and type(sup) is k.cls
-        ref = supervision_tensors(k.build(b, hf.features(b, ids, logits=k.logits)))
+        ref = supervision_tensors(supervision_for(hf, kind, b, ids, None))
         got_t = supervision_tensors(sup)
         assert tuple(got_t) == tuple(ref) == k.tensor_names
         for f, r in ref.items():
             assert got_t[f].dtype == r.dtype and torch.equal(got_t[f], r), f
     if kind == "dflash_kd":
-        assert sup.logits.dtype == torch.float32 and sup.logits.shape == (*bs[-1].input_ids.shape, 384)
+        assert sup.last_hidden.dtype == torch.float32 and sup.last_hidden.shape == (*bs[-1].input_ids.shape, 64)
+        assert torch.equal(sup.last_hidden, sup.aux_hidden[:, :, 1])  # 6 = L is also one of the draft's ids
 
 
 # P-EAGLE learns from the same `eagle3` supervision kind, so it trains through the remote engine
 # too (the reference recipe gates it to a co-located target; we do not).
 PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}
+# JetSpec's KD teacher crosses the wire as the state at id L (not among AUX: asked for beside it) and
+# becomes logits in the draft, with the final norm and lm_head from /embeddings
+JETSPEC = {"type": "jetspec", "mask_token_id": 5, "block_size": 4, "num_draft_layers": 2, "num_anchors": 4,
+           "kd_temperature": 2.0}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft", [{}, PEAGLE], ids=["eagle3", "peagle"])
+@pytest.mark.parametrize("draft", [{}, PEAGLE, JETSPEC], ids=["eagle3", "peagle", "jetspec"])
 def test_training_through_remote_matches_co_located(setup, tmp_path, draft):
     target, data, servers = setup
     before = [s.get("/health") for s in servers]

@@ -84,8 +84,9 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     assert t["input_ids"].tolist() == [[5, 6, 7, 8]] and t["aux_hidden"].shape[:3] == (1, 4, 2)
     status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "dflash_kd", "layer_ids": [2]}))
     t = wire.decode(data).tensors
-    assert status == 200 and list(t) == ["aux_hidden", "input_ids", "loss_mask", "logits"]
-    assert t["logits"].shape == (1, 4, 384) and t["logits"].dtype == torch.float32
+    assert status == 200 and list(t) == ["aux_hidden", "input_ids", "loss_mask", "last_hidden"]
+    assert t["aux_hidden"].shape[:3] == (1, 4, 1)  # the ids asked for; id L comes as last_hidden, no (B, S, V)
+    assert t["last_hidden"].shape == (1, 4, 64) and t["last_hidden"].dtype == torch.float32
     status, data = post(conn, "/features", batch_frame({"mode": "features", "layer_ids": [7]}))
     assert status == 422 and "layer id 7 is out of range" in json.loads(data)["error"]
     ids = torch.tensor([[5, 6, 7, 8]])

@@ -66,7 +66,7 @@ def test_supervision_equals_the_hf_engine_bitwise(built, tmp_path):
 @pytest.mark.parametrize("kind", ["dflash", "dflash_kd"])
 def test_dflash_supervision_equals_the_hf_engine_bitwise(built, tmp_path, kind):
     """Engine ids [1, 2] (DFlash hook ids [0, 1]): id 1 is a cached aux layer, id L = 2 the stored
-    pre-norm state; dflash_kd's logits are rebuilt from that state, so any cache can serve them."""
+    pre-norm state, which dflash_kd carries (the draft rebuilds the logits), so any cache can serve it."""
     target, data, cache = built
     rows, pad = examples(target, data, tmp_path)
     hf, ce = HFEngine(target), open_engine("cache", str(target), dtype="float32", cache_dir=str(cache))
@@ -91,8 +91,9 @@ def test_refusals_name_the_setting_and_the_fix(built, tmp_path):
     ce = open_engine("cache", str(target), dtype="float32", cache_dir=str(tmp_path / "only1"))
     one = collate(rows[:1], pad)
     assert ce.features(one, [2, 1], logits=False).aux_hidden.shape[2] == 2
-    (_, kd), = ce.supervision("dflash_kd", iter([one]), [1])  # logits come from id L, which every cache holds
-    assert kd.logits.shape == (*one.input_ids.shape, ce.info().vocab_size) and kd.logits.dtype == torch.float32
+    (_, kd), = ce.supervision("dflash_kd", iter([one]), [1])  # the teacher's state is id L, which every cache holds
+    assert kd.aux_hidden.shape[2] == 1 and kd.last_hidden.dtype == torch.float32
+    assert kd.last_hidden.shape == (*one.input_ids.shape, ce.info().hidden_size)
     with pytest.raises(TargetError, match=r"layer ids \[0\] are not in the cache .*holds \[1\] and 2"):
         ce.features(one, [0, 1], logits=False)
     with pytest.raises(CacheError, match="1 of 1 rows of this batch are not in the cache"):

@@ -110,13 +110,32 @@ def test_hf_head_is_the_forward_head(engine):
     torch.testing.assert_close(weights.project(h), feats.logits, rtol=1e-5, atol=1e-5)
 
 
-def test_logits_kinds_without_a_chunked_builder_get_whole_logits(engine):
-    """dflash_kd reads (B, S, V) logits; built once from the state they equal the engine's own."""
+def test_dflash_kd_gets_the_layer_L_state_and_a_whole_logits_kind_still_gets_logits(engine, monkeypatch):
+    """dflash_kd carries the state at id L (the JetSpec draft rebuilds the teacher rows it needs); a kind
+    that reads (B, S, V) logits whole (a family outside draftsmith) gets them built once from that state."""
+    from dataclasses import dataclass
+
+    from draftsmith.targets.contract import SUPERVISION, SupervisionKind
+
     batch = _batch(engine.info().vocab_size)
+    engine.calls.clear()
     sup = supervision_for(engine, "dflash_kd", batch, [1, 2], None)
-    want = engine.features(batch, [1, 2], logits=True)
+    assert engine.calls == [([1, 2, 3], False)]  # no (B, S, V) logits from the engine
+    want = engine.features(batch, [1, 2, 3], logits=True)
+    assert torch.equal(sup.aux_hidden, want.aux_hidden[:, :, :2]) and torch.equal(sup.last_hidden, want.aux_hidden[:, :, 2])
+    h = sup.last_hidden.reshape(-1, sup.last_hidden.shape[-1])
+    torch.testing.assert_close(target_head(engine).project(h).reshape(want.logits.shape), want.logits, rtol=1e-6, atol=1e-6)
+
+    @dataclass
+    class Whole:
+        aux_hidden: torch.Tensor
+        logits: torch.Tensor
+
+    monkeypatch.setitem(SUPERVISION, "whole", SupervisionKind("whole", Whole, lambda b, f: Whole(f.aux_hidden, f.logits),
+                                                              logits=True, vocab=False))
+    sup = supervision_for(engine, "whole", batch, [1, 2], None)
     torch.testing.assert_close(sup.logits, want.logits, rtol=1e-6, atol=1e-6)
-    assert torch.equal(sup.aux_hidden, want.aux_hidden)
+    assert torch.equal(sup.aux_hidden, want.aux_hidden[:, :, :2])
 
 
 @pytest.mark.gpu

@@ -242,22 +242,49 @@ def test_dflash_supervision_is_unshifted():
     assert torch.equal(again.aux_hidden, sup.aux_hidden) and not hasattr(again, "logits")
 
 
-def test_dflash_kd_supervision_keeps_logits_unshifted_in_their_dtype():
+def test_dflash_kd_supervision_keeps_the_last_state_unshifted_in_its_dtype():
     batch, feats = _hand_batch()
-    logits = feats.logits.to(torch.bfloat16)  # (1, 5, 5)
-    sup = dflash_kd_supervision(batch, Features(feats.aux_hidden, logits))
+    last = torch.randn(1, 5, 3).to(torch.bfloat16)  # (B, S, H) the state at id L
+    sup = dflash_kd_supervision(batch, Features(feats.aux_hidden, None), last)  # no logits needed or read
     assert isinstance(sup, DFlashKDSupervision)
-    assert sup.logits.dtype == torch.bfloat16  # not upcast
-    assert torch.equal(sup.logits, logits)  # row t = the target's distribution for token t + 1, unshifted
-    assert sup.logits[0, 3].argmax().item() == 1 and sup.logits[0, 0, 4].item() == 7.0  # hand rows 3 and 0
-    assert torch.equal(sup.aux_hidden, feats.aux_hidden)
+    assert sup.last_hidden is last and sup.last_hidden.dtype == torch.bfloat16  # not upcast, not copied
+    assert torch.equal(sup.aux_hidden, feats.aux_hidden) and not hasattr(sup, "logits")
     assert sup.input_ids.tolist() == [[10, 11, 12, 13, 14]] and sup.loss_mask.tolist() == [[1, 1, 0, 1, 1]]
 
 
-def test_dflash_kd_supervision_needs_logits():
+def test_dflash_kd_supervision_needs_the_last_state():
     batch, feats = _hand_batch()
-    with pytest.raises(TargetError, match=r"features\.logits is None; dflash_kd supervision .*logits=True"):
-        dflash_kd_supervision(batch, Features(feats.aux_hidden, None))
+    with pytest.raises(TargetError, match=r"dflash_kd supervision needs last_hidden, the target's \(B, S, H\) state "
+                                          r"at layer id L, not features\.logits; build it with targets\.supervision_for"):
+        dflash_kd_supervision(batch, feats)  # features.logits alone are not enough
+
+
+def test_supervision_for_hands_dflash_kd_the_layer_L_state_and_no_logits():
+    import types
+
+    from draftsmith.targets import supervision_for
+    from draftsmith.targets.contract import TargetHead
+
+    batch, _ = _hand_batch()
+    calls = []
+
+    class Engine:  # a fake engine over a 4-layer target: the state at id i is i everywhere
+        def info(self):
+            return types.SimpleNamespace(num_layers=4, rms_norm_eps=1e-6)
+
+        def target_head(self):
+            return TargetHead.from_weights(torch.ones(3), torch.ones(5, 3), 1e-6)
+
+        def features(self, b, ids, *, logits):
+            calls.append((list(ids), logits))
+            return Features(torch.tensor(ids, dtype=torch.float32)[None, None, :, None].expand(1, 5, len(ids), 3))
+
+    kd = supervision_for(Engine(), "dflash_kd", batch, [1, 3], None)
+    assert calls == [([1, 3, 4], False)]  # id L asked for beside the draft's ids, no (B, S, V) logits
+    assert kd.aux_hidden.shape == (1, 5, 2, 3) and kd.aux_hidden[0, 0, :, 0].tolist() == [1.0, 3.0]
+    assert kd.last_hidden.shape == (1, 5, 3) and bool((kd.last_hidden == 4.0).all()) and not hasattr(kd, "logits")
+    kd = supervision_for(Engine(), "dflash_kd", batch, [4, 2], None)  # the draft reads id L: asked for once
+    assert calls[-1] == ([4, 2], False) and kd.aux_hidden.shape[2] == 2 and bool((kd.last_hidden == 4.0).all())
 
 
 def test_dflash_supervision_refuses_features_of_another_batch():
@@ -265,22 +292,24 @@ def test_dflash_supervision_refuses_features_of_another_batch():
     with pytest.raises(TargetError, match=r"dflash supervision: features\.aux_hidden has shape \(1, 4, 2, 3\), "
                                           r"the batch is \(1, 5\)"):
         dflash_supervision(batch, Features(feats.aux_hidden[:, :4], None))
-    with pytest.raises(TargetError, match=r"dflash_kd supervision: features\.logits has shape \(1, 3, 5\)"):
-        dflash_kd_supervision(batch, Features(feats.aux_hidden, feats.logits[:, :3]))
+    with pytest.raises(TargetError, match=r"dflash_kd supervision: last_hidden has shape \(1, 3, 3\)"):
+        dflash_kd_supervision(batch, feats, torch.zeros(1, 3, 3))
 
 
 @pytest.mark.parametrize("kind, cls, logits, names", [
     ("dflash", DFlashSupervision, False, ("aux_hidden", "input_ids", "loss_mask")),
-    ("dflash_kd", DFlashKDSupervision, True, ("aux_hidden", "input_ids", "loss_mask", "logits")),
+    ("dflash_kd", DFlashKDSupervision, True, ("aux_hidden", "input_ids", "loss_mask", "last_hidden")),
 ])
 def test_dflash_kinds_round_trip_through_tensors(kind, cls, logits, names):
     from draftsmith.targets.contract import SUPERVISION, supervise, supervision_from_tensors, supervision_tensors
 
     k = SUPERVISION[kind]
     assert k.cls is cls and k.logits is logits and k.vocab is False and k.tensor_names == names
+    assert k.last is (kind == "dflash_kd")
     batch, feats = _hand_batch()
-    sup = supervise(kind, batch, feats, torch.tensor([0, 2, 3]))  # a vocab-free kind ignores the map
-    ref = k.build(batch, feats)
+    last = {"last_hidden": torch.randn(1, 5, 3)} if k.last else {}  # the state at id L: dflash_kd's teacher
+    sup = supervise(kind, batch, feats, torch.tensor([0, 2, 3]), **last)  # a vocab-free kind ignores the map
+    ref = k.build(batch, feats, **last)
     tensors = supervision_tensors(sup)
     assert tuple(tensors) == names
     back = supervision_from_tensors(kind, {n: t.clone() for n, t in tensors.items()})

@@ -14,7 +14,7 @@ except ImportError:  # until the lead's conftest puts tests/ on sys.path
 
 from draftsmith.targets import Batch, open_engine
 from draftsmith.targets.contract import (TargetError, dflash_ids_to_engine, dflash_layer_ids, eagle3_supervision,
-                                        shift_left)
+                                        rebuild_logits, shift_left)
 from draftsmith.targets.hf import HFEngine
 
 L = 3  # decoder layers of the tiny target
@@ -184,7 +184,8 @@ def test_colocated_supervision_stream_uses_the_vocab_map(engine):
 
 
 def test_dflash_kinds_read_decoder_layer_outputs_unshifted(engine):
-    """DFlash hook id j (output of decoder layer j) is engine id j + 1; nothing is shifted; kd keeps logits."""
+    """DFlash hook id j (output of decoder layer j) is engine id j + 1; nothing is shifted; kd carries the
+    pre-norm state at id L, from which the target's own logits rebuild bitwise."""
     batch = _batch(engine.info().vocab_size, seed=5)
     outs = _layer_outputs(engine.model, batch)  # outs[j] = output of decoder layer j, (B, S, H)
     hook_ids = [0, 2, 1]
@@ -198,17 +199,19 @@ def test_dflash_kinds_read_decoder_layer_outputs_unshifted(engine):
     assert torch.equal(sup.input_ids, batch.input_ids) and torch.equal(sup.loss_mask, batch.loss_mask)
     with torch.no_grad():
         raw = engine.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    assert kd.logits.dtype == raw.logits.dtype and torch.equal(kd.logits, raw.logits)  # unshifted
+    assert torch.equal(kd.last_hidden, outs[L - 1])  # id L: the last decoder layer's output, before the norm
+    rebuilt = rebuild_logits(kd.last_hidden, engine.final_norm_weight(), engine.lm_head_weight(), engine.info().rms_norm_eps)
+    assert rebuilt.dtype == raw.logits.dtype and torch.equal(rebuilt, raw.logits)  # unshifted
     assert torch.equal(kd.aux_hidden, sup.aux_hidden) and torch.equal(kd.input_ids, batch.input_ids)
     engine.set_vocab_map(None)
 
 
-def test_dflash_kd_logits_stay_in_the_engine_dtype(tiny):
+def test_dflash_kd_state_stays_in_the_engine_dtype(tiny):
     eng = HFEngine(tiny, dtype="bfloat16")
     try:
         batch = _batch(eng.info().vocab_size)
-        (_, kd), = eng.supervision("dflash_kd", iter([batch]), [1, L])
-        assert kd.logits.dtype == kd.aux_hidden.dtype == torch.bfloat16  # no float32 (B, S, V) copy
-        assert kd.logits.shape == (*batch.input_ids.shape, eng.info().vocab_size)
+        (_, kd), = eng.supervision("dflash_kd", iter([batch]), [1])  # id L asked for beside [1]
+        assert kd.last_hidden.dtype == kd.aux_hidden.dtype == torch.bfloat16  # not upcast
+        assert kd.last_hidden.shape == (*batch.input_ids.shape, eng.info().hidden_size) and kd.aux_hidden.shape[2] == 1
     finally:
         eng.close()

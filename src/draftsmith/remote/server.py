@@ -11,8 +11,8 @@ for tensors. Endpoints:
                       meta {"mode": "supervision", "kind", "vocab_id"?, "layer_ids"} -> supervision of
                       that kind (targets/contract.py SUPERVISION; its dataclass fields are the tensor
                       names, e.g. eagle3: aux_hidden, input_ids, loss_mask, target_probs, position_mask),
-                      computed here so full-vocab logits cross the wire only for kinds that keep them
-                      (dflash_kd: logits (B, S, V) in the engine's dtype); kinds that project onto the
+                      computed here so no full-vocab (B, S, V) tensor crosses the wire (dflash_kd sends
+                      last_hidden (B, S, H), the state at id L, in the engine's dtype); kinds that project onto the
                       draft vocab need the "vocab_id" of a pushed map; or meta {"mode": "features", "logits"}.
     POST /data-plane  JSON {"session", "plane": "nccl"|"gloo", "previous"?} -> {"store_port"}: opens a
                       tensor channel (remote/nccl.py); /features with meta.session then answers with

@@ -6,8 +6,8 @@ the pre-norm state at layer id L (cache/store.py). This engine serves them behin
 rows are looked up by the hash of their real tokens, and logits are rebuilt from id L with the
 target's final norm and lm_head, read from the checkpoint as :class:`~draftsmith.targets.runner.RunnerEngine`
 does for vLLM/SGLang. Every cache holds id L whatever its aux ids, so every cache can serve the kinds
-that need logits (``eagle3``, ``dflash_kd``: full-vocab logits in the cache's dtype) without storing V
-values a token. Training from a cache therefore sees the same supervision as the engine that built it
+that need the target's output (``eagle3``: logits rebuilt in the cache's dtype; ``dflash_kd``: the
+id-L state itself, from which the draft rebuilds them) without storing V values a token. Training from a cache therefore sees the same supervision as the engine that built it
 (bitwise for the hf engine on CPU at batch size 1).
 """
 

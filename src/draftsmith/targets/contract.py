@@ -12,7 +12,7 @@ draft-vocab map):
     eagle3     shifted, draft-vocab target probs (EAGLE-3, P-EAGLE)
     dflash     unshifted aux states, ids and loss mask (DFlash family; offsets such as Domino's
                shift_label are applied by the draft, never here)
-    dflash_kd  dflash plus the target's full-vocab logits, unshifted, in the engine's dtype (JetSpec KD)
+    dflash_kd  dflash plus the target's state at id L (B, S, H), unshifted (JetSpec KD: its teacher)
 
 Layer ids follow the vLLM convention (our *engine ids*): id ``i`` is the residual stream after ``i``
 decoder layers, ``0`` is the embedding output and ``L`` is the last layer's output before the final
@@ -296,17 +296,17 @@ class DFlashSupervision:
 class DFlashKDSupervision:
     """JetSpec (DFlash with knowledge distillation) training inputs for one batch, all UNSHIFTED.
 
-    aux_hidden: (B, S, n, H) as in :class:`DFlashSupervision`
-    input_ids:  (B, S) int64, token t
-    loss_mask:  (B, S) loss mask of token t
-    logits:     (B, S, V) the target's full-vocab logits in the engine's dtype (not upcast): row t is the
-                target's distribution for token t+1, so the teacher of block position k is row anchor+k-1
+    aux_hidden:  (B, S, n, H) as in :class:`DFlashSupervision`
+    input_ids:   (B, S) int64, token t
+    loss_mask:   (B, S) loss mask of token t
+    last_hidden: (B, S, H) the target's pre-norm state at id L, engine dtype: lm_head(final_norm(row t))
+                 is its distribution for token t+1 (the teacher of block position k: row anchor+k-1)
     """
 
     aux_hidden: Tensor
     input_ids: Tensor
     loss_mask: Tensor
-    logits: Tensor
+    last_hidden: Tensor
 
 
 def _same_positions(kind: str, batch: "Batch", name: str, t: Tensor) -> None:
@@ -333,22 +333,21 @@ def dflash_supervision(batch: "Batch", features: "Features") -> DFlashSupervisio
     )
 
 
-def dflash_kd_supervision(batch: "Batch", features: "Features") -> DFlashKDSupervision:
-    """JetSpec KD supervision: :func:`dflash_supervision` plus the target's logits, all UNSHIFTED.
+def dflash_kd_supervision(batch: "Batch", features: "Features", last_hidden: Optional[Tensor] = None,
+                          head: Optional[TargetHead] = None) -> DFlashKDSupervision:
+    """JetSpec KD supervision: :func:`dflash_supervision` plus the target's state at id L, all UNSHIFTED.
 
-    The logits keep the engine's dtype (bf16 targets give bf16 logits; no (B, S, V) float32 copy is
-    made here): the draft gathers only the rows its blocks need (anchor .. anchor + bs - 2) and upcasts
-    those. Pad positions (attention_mask 0) hold whatever the engine returned there (zeros for runner
-    and cache engines, the model's output for hf); loss_mask is 0 on them.
+    ``last_hidden`` (B, S, H): the pre-norm state at id L (:func:`draftsmith.targets.supervision_for`),
+    engine dtype; ``features.logits`` and ``head`` are unused: the draft holds the target's final norm
+    and lm_head and builds the logits of just the rows its blocks need. loss_mask is 0 on pads.
     """
-    if features.logits is None:
-        raise TargetError("features.logits is None; dflash_kd supervision (JetSpec's KD teacher) needs the engine "
-                          "to return logits=True (Engine.supervision('dflash_kd', ...) asks for them)")
-    base = dflash_supervision(batch, features)
-    logits = features.logits  # (B, S, V), engine dtype
-    _same_positions("dflash_kd", batch, "features.logits", logits)
-    return DFlashKDSupervision(aux_hidden=base.aux_hidden, input_ids=base.input_ids.to(logits.device),
-                               loss_mask=base.loss_mask.to(logits.device), logits=logits)
+    if last_hidden is None:
+        raise TargetError("dflash_kd supervision needs last_hidden, the target's (B, S, H) state at layer id L, not "
+                          "features.logits; build it with targets.supervision_for (its engine needs its head weights)")
+    base, dev = dflash_supervision(batch, features), last_hidden.device
+    _same_positions("dflash_kd", batch, "last_hidden", last_hidden)
+    return DFlashKDSupervision(aux_hidden=base.aux_hidden, input_ids=base.input_ids.to(dev),
+                               loss_mask=base.loss_mask.to(dev), last_hidden=last_hidden)
 
 
 # ---------------------------------------------------------------------------------- supervision kinds
@@ -377,7 +376,8 @@ class SupervisionKind:
 SUPERVISION: dict[str, SupervisionKind] = {
     "eagle3": SupervisionKind("eagle3", Eagle3Supervision, eagle3_supervision, logits=True, vocab=True, last=True),
     "dflash": SupervisionKind("dflash", DFlashSupervision, dflash_supervision, logits=False, vocab=False),
-    "dflash_kd": SupervisionKind("dflash_kd", DFlashKDSupervision, dflash_kd_supervision, logits=True, vocab=False),
+    "dflash_kd": SupervisionKind("dflash_kd", DFlashKDSupervision, dflash_kd_supervision, logits=True, vocab=False,
+                                 last=True),
 }
 
 

@@ -9,15 +9,22 @@ then runs the block causally). Differences (DRAFT_FAMILIES 2.8):
       loss = sum_m KL(softmax(t_m / T) || softmax(s_m / T)) * T^2 / #m    (no depth weighting)
   over the supervised positions m (DFlash's label mask), in fp32;
 - accuracy and accept length compare the draft's argmax with the target's argmax, not the data token.
+The teacher logits are the draft's to compute: ``dflash_kd`` supervision carries the target's
+pre-norm state at layer id L (``last_hidden``, (B, S, H)) and the draft holds the target's final
+norm (a non-persistent buffer: never in a checkpoint) beside its borrowed lm_head, so
+    t = lm_head(final_norm(last_hidden[b, anchor + k - 1]))
+row by row, in the chunks of drafts/chunked.py: no (B, S, V) tensor crosses an engine or the wire,
+and no (M, V) one exists while V is large.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from ..chunked import chunked_soft_ce
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
@@ -33,34 +40,63 @@ def teacher_positions(anchor: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchor[..., None] + k - 1).clamp(min=0)
 
 
-def kd_parts(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> LossParts:
-    """Mean over rows of KL(softmax(t/T) || softmax(s/T)) * T^2 as loss parts; student/teacher (M, V), fp32."""
-    t = F.log_softmax(teacher.float() / temperature, -1)
-    s = F.log_softmax(student.float() / temperature, -1)
-    kl = (t.exp() * (t - s)).sum(-1)  # (M,)
-    return LossParts.of([kl.sum()], [kl.numel()], [temperature ** 2])
-
-
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """:func:`kd_parts` as a scalar."""
-    return kd_parts(student, teacher, temperature).loss()
-
-
 class JetSpecDraft(DFlashDraft):
-    """DFlash modules, causal blocks, KD loss against the target's logits (``dflash_kd`` supervision)."""
+    """DFlash modules, causal blocks, KD loss against the target's logits, which it rebuilds from the
+    target's last state (``dflash_kd`` supervision) with the target's final norm and lm_head."""
 
     draft_type = "jetspec"
+
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__(cfg)
+        # The target's final norm weight (H,): frozen, moved with the draft, never saved (persistent=False
+        # keeps checkpoints and exports as they were). Set by attach_teacher.
+        self.register_buffer("teacher_norm", None, persistent=False)
+        self.teacher_eps = cfg.rms_norm_eps
+
+    def attach_teacher(self, norm_weight: torch.Tensor, eps: float) -> None:
+        """The target's final norm weight (H,) and eps, which with the borrowed lm_head make its logits."""
+        self.teacher_norm = norm_weight.detach().clone()
+        self.teacher_eps = float(eps)
+
+    def teacher_logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """(..., H) target states at layer id L (before its final norm) -> (..., V) logits in h_last's
+        dtype, with the ops of targets/contract.py ``rebuild_logits`` in its order (so fp32 matches the
+        engines' logits bitwise): x = h.float(); y = w * (x * rsqrt(mean(x^2) + eps)).to(h.dtype);
+        y @ lm_head.T. Outside autocast: the engine computed them in its own dtype."""
+        if self.teacher_norm is None or self.lm_head is None:
+            raise RuntimeError("JetSpec draft has no target head; call attach_target(...) and "
+                               "attach_teacher(final_norm_weight, eps) first")
+        with torch.autocast(h_last.device.type, enabled=False):
+            x = h_last.float()
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.teacher_eps)
+            y = self.teacher_norm.to(h_last.dtype) * x.to(h_last.dtype)
+            return F.linear(y, self.lm_head.to(h_last.dtype))
 
     def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
                    sup: Any) -> DFlashOutput:
         b, n, bs, _ = h.shape
         pos = teacher_positions(anchor, bs)  # (B, N, bs)
         rows = torch.arange(b, device=h.device)[:, None, None].expand_as(pos)
-        teacher = sup.logits[rows[lmask], pos[lmask]]  # (M, V) gathered: the (B, S, V) tensor is never copied
-        student = self.logits(h[lmask]).float()  # (M, V)
-        parts = kd_parts(student, teacher, float(self.cfg.extra.get("kd_temperature", 1.0)))
+        r, p = rows[lmask], pos[lmask]  # (M,) each: the teacher row of each supervised position
+        last = sup.last_hidden  # (B, S, H) target states at id L
+        v, budget = self.vocab_rows, self.loss_max_elements
+        if last.shape[0] * last.shape[1] * v <= budget:
+            # small: the whole (B, S, V) product, as the engine's lm_head ran it (one GEMM of that shape
+            # rounds as the engine's did; rows gathered first could round differently), then its rows
+            full = self.teacher_logits(last)  # (B, S, H) -> (B, S, V)
+
+            def teacher(sl: slice) -> torch.Tensor:
+                return full[r[sl], p[sl]]  # (c, V)
+        else:
+            def teacher(sl: slice) -> torch.Tensor:
+                return self.teacher_logits(last[r[sl], p[sl]])  # (c, H) -> (c, V): one chunk's rows only
+
+        temperature = float(self.cfg.extra.get("kd_temperature", 1.0))
+        kl, hits = chunked_soft_ce(h[lmask], self.logits, teacher, vocab_size=v, temperature=temperature,
+                                   max_elements=budget)
+        parts = LossParts.of([kl], [lmask.sum()], [temperature ** 2])  # mean KL x T^2
         correct = torch.zeros_like(lmask)
-        correct[lmask] = student.argmax(-1) == teacher.argmax(-1)
+        correct[lmask] = hits
         return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask), parts)
 
 
@@ -68,10 +104,17 @@ class JetSpecDraft(DFlashDraft):
 Model = JetSpecDraft
 layer_rule = dflash.layer_rule
 layer_ids_from_export = dflash.layer_ids_from_export
-attach_target = dflash.attach_target
 Proposer = dflash.Proposer
 checkpoint_meta = dflash.checkpoint_meta
 summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
+
+
+def attach_target(model: JetSpecDraft, draft: Any, *, embeddings: torch.Tensor,
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+    """DFlash's (embeddings, lm_head) plus the target's final norm: the KD teacher's head."""
+    lm_head, norm = head()
+    model.attach_target(embeddings, lm_head)
+    model.attach_teacher(norm, model.cfg.rms_norm_eps)  # config_from_target copies the target's eps
 
 
 def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
