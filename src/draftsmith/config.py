@@ -89,9 +89,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     max_grad_norm: float = 0.5  # 0 disables clipping
     bf16: Optional[bool] = None  # bf16 autocast for the draft; null = on for CUDA, off on the CPU
-    # recompute each draft decoder layer in backward instead of keeping its activations (torch.utils.checkpoint,
-    # non-reentrant): less memory for long contexts and many layers, ~1 more forward of the layers per step;
-    # the loss and gradients are the same. Drafts with several layers (P-EAGLE, DFlash family) read it
+    # recompute in backward instead of keeping activations (torch.utils.checkpoint, non-reentrant): less memory
+    # for long contexts and many layers, ~1 more forward of the draft per step; the same loss and gradients.
+    # EAGLE-3 recomputes each TTT step, P-EAGLE and the DFlash family each draft layer
     activation_checkpointing: bool = False
     seed: int = 0
     log_every: int = 10

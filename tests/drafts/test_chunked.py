@@ -121,7 +121,7 @@ def test_chunked_draft_loss_and_grads_equal_the_unchunked(cls, kw):
         m.set_progress(5, 20)  # lambda 0.5: both CEs count
     sup = make_sup()
     whole, whole_g = loss_and_grads(m, sup)
-    m.loss_max_elements = 3 * V  # 3 rows a chunk (B x S x V = 1600 > 150: JetSpec's teacher per chunk too)
+    m.max_logit_elements = 3 * V  # 3 rows a chunk (B x S x V = 1600 > 150: JetSpec's teacher per chunk too)
     part, part_g = loss_and_grads(m, sup)
     assert int(whole.sums["pos_count"].sum()) > 6  # several chunks
     assert close(part.loss.detach(), whole.loss.detach())

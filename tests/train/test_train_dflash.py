@@ -244,7 +244,7 @@ def test_eagle_loaders_refuse_a_dflash_checkpoint(full):
         assert "get_family('dflash').load_exported" in msg
 
 
-@pytest.mark.parametrize("family", ["dflash", "peagle"])
+@pytest.mark.parametrize("family", ["dflash", "peagle", "eagle3"])
 def test_activation_checkpointing_reaches_the_draft_from_a_yaml_config(tiny, tmp_path, family):
     import yaml
 
@@ -252,22 +252,30 @@ def test_activation_checkpointing_reaches_the_draft_from_a_yaml_config(tiny, tmp
     from draftsmith.train.loop import Trainer
 
     target, data, _ = tiny
-    draft = ({"type": "peagle", "mask_token_id": MASK, "num_depths": 3, "num_draft_layers": 2} if family == "peagle"
-             else {"type": "dflash", "mask_token_id": MASK, "block_size": BS, "num_draft_layers": 2, "num_anchors": 4})
+    draft = {"peagle": {"type": "peagle", "mask_token_id": MASK, "num_depths": 3, "num_draft_layers": 2},
+             "eagle3": {"type": "eagle3", "ttt_steps": 2},
+             "dflash": {"type": "dflash", "mask_token_id": MASK, "block_size": BS, "num_draft_layers": 2,
+                        "num_anchors": 4}}[family]
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({
-        "target": {"path": str(target), "aux_layer_ids": [1, 3, 4] if family == "peagle" else None},
+        "target": {"path": str(target), "aux_layer_ids": None if family == "dflash" else [1, 3, 4]},
         "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2}, "draft": draft,
         "train": {"batch_size": 2, "num_threads": 1, "activation_checkpointing": True},
         "output": {"dir": str(tmp_path / "out"), "tensorboard": False}}))
     trainer = Trainer(load_config(path), progress=False)
     try:
-        layers = trainer.draft.model.layers if family == "peagle" else trainer.draft.layers
-        assert trainer.draft.activation_checkpointing is True
+        draft = trainer.draft
+        assert draft.activation_checkpointing is True
         calls = []
-        layers[-1].register_forward_pre_hook(lambda *_: calls.append(1))
+        if family == "eagle3":  # what EAGLE-3 recomputes is each TTT step
+            step = draft.ttt_step
+            draft.ttt_step = lambda *a, **k: calls.append(1) or step(*a, **k)
+        else:
+            (draft.layers if family == "dflash" else draft.model.layers)[-1].register_forward_pre_hook(
+                lambda *_: calls.append(1))
         out = trainer.forward(trainer.train_set[:2])[0]
+        n = len(calls)
         out.loss.backward()
-        assert len(calls) == 2  # the last layer ran again in backward: it was checkpointed
+        assert n >= 1 and len(calls) == 2 * n  # each checkpointed forward ran again in backward
     finally:
         trainer.engine.close()

@@ -97,7 +97,7 @@ class DominoDraft(DFlashDraft):
 
         # (M, V) logits twice (final and base) a chunk of rows at a time when M x V is large
         ce_final, ce_base, hits = chunked_rows(ce_sums, [h[lmask], g[lmask], row, labels[lmask], w],
-                                               self.vocab_rows, self.loss_max_elements)
+                                               self.vocab_rows, self.max_logit_elements)
         lam = self.lam  # (1 - lam) * CE_w(final) + lam * CE_w(base), both over the same weight sum
         parts = LossParts.of([ce_final, ce_base], [w.sum(), w.sum()], [1 - lam, lam])
         correct = torch.zeros_like(lmask)

@@ -79,7 +79,7 @@ class JetSpecDraft(DFlashDraft):
         rows = torch.arange(b, device=h.device)[:, None, None].expand_as(pos)
         r, p = rows[lmask], pos[lmask]  # (M,) each: the teacher row of each supervised position
         last = sup.last_hidden  # (B, S, H) target states at id L
-        v, budget = self.vocab_rows, self.loss_max_elements
+        v, budget = self.vocab_rows, self.max_logit_elements
         if last.shape[0] * last.shape[1] * v <= budget:
             # small: the whole (B, S, V) product, as the engine's lm_head ran it (one GEMM of that shape
             # rounds as the engine's did; rows gathered first could round differently), then its rows

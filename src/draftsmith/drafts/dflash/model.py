@@ -19,7 +19,7 @@ Block position k predicts the token at a_b + k, so position 0 (the anchor) is ne
 Loss: sum_{b, k>=1} w_k CE_k m / (sum w_k m + 1e-6), w_k = exp(-(k-1)/gamma) (uniform when gamma is
 None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (dflash/jetspec.py) swaps the CE for
 a KD loss and Domino (dflash/domino.py) adds a GRU correction head; both reuse everything here. The
-(M, V) logits of the M supervised rows are never whole when M x V exceeds ``loss_max_elements``:
+(M, V) logits of the M supervised rows are never whole when M x V exceeds ``max_logit_elements``:
 drafts/chunked.py runs them a chunk of rows at a time (recomputed in backward).
 ``activation_checkpointing`` (train.activation_checkpointing) recomputes each layer in backward.
 Inference (``propose``) keeps the projected context K/V per layer across rounds, as vLLM's
@@ -229,7 +229,7 @@ class DFlashDraft(nn.Module):
         self.register_buffer("loss_weights", decay_weights(cfg.block_size, cfg.loss_decay_gamma, 1 - self.label_offset),
                              persistent=False)
         # Memory knobs, not math (the loss and gradients are the same either way, up to rounding):
-        self.loss_max_elements = MAX_ELEMENTS  # (rows, V) logits per loss chunk (drafts/chunked.py)
+        self.max_logit_elements = MAX_ELEMENTS  # (rows, V) logits per loss chunk (drafts/chunked.py)
         self.activation_checkpointing = False  # recompute each layer in backward (train.activation_checkpointing)
         # The target's, frozen and not registered: never in state_dict (not on disk), never optimized.
         self.__dict__["embed_tokens"] = None
@@ -323,7 +323,7 @@ class DFlashDraft(nn.Module):
         w = self.loss_weights.to(h.device).expand_as(lmask)[lmask]  # (M,)
         # (M, H) -> (M, V) logits -> CE, a chunk of rows at a time when M x V is large
         ce, hits = chunked_soft_ce(h[lmask], self.logits, labels[lmask], vocab_size=self.vocab_rows, weight=w,
-                                   max_elements=self.loss_max_elements)
+                                   max_elements=self.max_logit_elements)
         parts = LossParts.of([ce], [w.sum()], [1.0])  # sum_m w_m CE_m / sum_m w_m
         correct = torch.zeros_like(lmask)
         correct[lmask] = hits
