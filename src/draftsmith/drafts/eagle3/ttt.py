@@ -15,16 +15,18 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..chunked import MAX_ELEMENTS
 from ..layers import repeat_kv
 
 __all__ = ["MAX_BLOCK_ELEMENTS", "attention_rows", "attention_mask", "ttt_attention", "soft_ce_block",
            "document_positions", "same_document"]
 
 # Elements of one attention-score block ((B, h, rows, T) fp32) and of one block of draft-vocab logits
-# ((rows, Vd) fp32): 2**24 is 64 MiB. Below it a TTT step runs as one block, exactly as written; above it
-# (long rows, big vocabularies) it runs in blocks of query rows under activation checkpointing, so memory
-# grows linearly in T instead of (T^2 h) for the scores and (T Vd) per step for the logits.
-MAX_BLOCK_ELEMENTS = 1 << 24
+# ((rows, Vd) fp32): the drafts' one budget (drafts/chunked.py, 64 MiB). Below it a TTT step runs as one
+# block, exactly as written; above it (long rows, big vocabularies) it runs in blocks of query rows under
+# activation checkpointing, so memory grows linearly in T instead of (T^2 h) for the scores and (T Vd)
+# per step for the logits.
+MAX_BLOCK_ELEMENTS = MAX_ELEMENTS
 
 
 def attention_rows(heads: int, keys: int, max_elements: int) -> int:
