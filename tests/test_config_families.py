@@ -31,14 +31,21 @@ def test_block_size_under_eagle3_is_refused_by_name():
 def test_a_key_of_another_family_exits_2_with_one_line(tmp_path, capsys, family, key):
     if family in OWN[key].split("/"):
         pytest.skip("the family's own key")
+    line = _refused(tmp_path, capsys, "", family, f"  {key}: {VALUE[key]}\n")
+    assert f"draft.{key} belongs to {OWN[key]}; draft.type is {family}" in line
+
+
+def _refused(tmp_path, capsys, before: str, family: str, after: str = "") -> str:
+    """`draftsmith train` on a config of ``family`` (its required keys, ``before`` / ``after`` the draft
+    section's) must exit 2 with one line on stderr; returns that line."""
     cfg = tmp_path / "run.yaml"
     extra = "".join(f"  {k}: {v}\n" for k, v in BASE[family].items())
-    cfg.write_text(f"draft:\n  type: {family}\n{extra}  {key}: {VALUE[key]}\n")
+    cfg.write_text(f"{before}draft:\n  type: {family}\n{extra}{after}")
     assert main(["train", str(cfg), "--no-progress"]) == EXIT_BAD_INPUT
     out, err = capsys.readouterr()
     line = err.strip()
     assert out == "" and "\n" not in line, err
-    assert f"draft.{key} belongs to {OWN[key]}; draft.type is {family}" in line
+    return line
 
 
 def test_every_problem_at_once_with_close_match_hints():
@@ -78,13 +85,7 @@ def test_readme_lists_every_family_key():
 
 @pytest.mark.parametrize("family", [name for name in BASE if not FAMILIES[name].packing])
 def test_packing_is_refused_for_a_family_that_does_not_pack(tmp_path, capsys, family):
-    cfg = tmp_path / "run.yaml"
-    extra = "".join(f"  {k}: {v}\n" for k, v in BASE[family].items())
-    cfg.write_text(f"data:\n  packing: true\ndraft:\n  type: {family}\n{extra}")
-    assert main(["train", str(cfg), "--no-progress"]) == EXIT_BAD_INPUT
-    out, err = capsys.readouterr()
-    line = err.strip()
-    assert out == "" and "\n" not in line, err
+    line = _refused(tmp_path, capsys, "data:\n  packing: true\n", family)
     assert f"'data.packing' is true but draft.type is '{family}': packing is built for eagle3 only so far; " \
            "set data.packing: false" in line
 
