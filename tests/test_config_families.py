@@ -86,11 +86,15 @@ def test_readme_lists_every_family_key():
 @pytest.mark.parametrize("family", [name for name in BASE if not FAMILIES[name].packing])
 def test_packing_is_refused_for_a_family_that_does_not_pack(tmp_path, capsys, family):
     line = _refused(tmp_path, capsys, "data:\n  packing: true\n", family)
-    assert f"'data.packing' is true but draft.type is '{family}': packing is built for eagle3 only so far; " \
+    built = "/".join(name for name, fam in FAMILIES.items() if fam.packing)
+    assert f"'data.packing' is true but draft.type is '{family}': packing is built for {built} only so far; " \
            "set data.packing: false" in line
 
 
-def test_packing_is_off_by_default_and_taken_by_eagle3():
+def test_packing_is_off_by_default_and_taken_by_eagle3_and_peagle():
     assert build_config({}).data.packing is False
     assert build_config({"data": {"packing": True}, "draft": {"type": "eagle3"}}).data.packing is True
-    assert [name for name, fam in FAMILIES.items() if fam.packing] == ["eagle3"]  # the family description says so
+    peagle = {"type": "peagle", "mask_token_id": 5}
+    assert build_config({"data": {"packing": True}, "draft": peagle}).data.packing is True
+    # the family description says so
+    assert [name for name, fam in FAMILIES.items() if fam.packing] == ["eagle3", "peagle"]

@@ -99,13 +99,13 @@ def test_full_sample_keeps_ref_inside_the_row():
 # ---- visibility ---------------------------------------------------------------------------------
 
 
-def test_dense_mask_equals_plain_loop_predicate():
+def test_mask_equals_plain_loop_predicate():
     rows = [cod_sample(torch.tensor([1, 1, 0, 1, 1, 1, 1, 0, 1]).bool(), 4, 0.9, 0.2, torch.Generator().manual_seed(1)),
             cod_sample(torch.tensor([0, 1, 1, 0]).bool(), 4, 1.0, 0.2, torch.Generator().manual_seed(2))]
     anchor, depth, real = pad_elements(rows)
     assert real[1].sum() < real.shape[1]  # row 1 is padded
     mask = attention_mask(anchor, depth, real)
-    assert mask.shape == (2, 1, anchor.shape[1], anchor.shape[1])
+    assert mask.shape == (2, 1, anchor.shape[1], anchor.shape[1]) and mask.dtype == torch.bool
     for b in range(2):
         for q in range(anchor.shape[1]):
             for k in range(anchor.shape[1]):
@@ -114,7 +114,7 @@ def test_dense_mask_equals_plain_loop_predicate():
                     vis = (dk == 0 and aq >= ak) or (aq == ak and dq >= dk)
                 else:
                     vis = q == k  # padding only sees itself, so no softmax row is empty
-                assert mask[b, 0, q, k].item() == (0.0 if vis else -math.inf), (b, q, k)
+                assert mask[b, 0, q, k].item() is vis, (b, q, k)
 
 
 # ---- forward vs references ----------------------------------------------------------------------

@@ -119,17 +119,21 @@ def tiny(tmp_path_factory):
     return target, write_jsonl(root / "chats.jsonl", rows)
 
 
-def run_config(tiny, out, packing, **train_over):
-    return build_config(raw_config(tiny, out, packing, **train_over))
+# P-EAGLE's section: mask token 5 (<|start_header_id|>, never in chatml text), K = 3
+PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}
 
 
-def raw_config(tiny, out, packing, **train_over):
+def run_config(tiny, out, packing, draft=None, **train_over):
+    return build_config(raw_config(tiny, out, packing, draft, **train_over))
+
+
+def raw_config(tiny, out, packing, draft=None, **train_over):
     target, data = tiny
     return {
         "target": {"path": str(target), "aux_layer_ids": [1, 3, 4]},
         "data": {"sources": [str(data)], "max_length": 256, "eval_size": 4, "draft_vocab_size": 96,
                  "packing": packing},
-        "draft": {"ttt_steps": 3},
+        "draft": draft or {"ttt_steps": 3},
         "train": {"epochs": 1, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1, "num_threads": 1, "seed": 3,
                   **train_over},
         "output": {"dir": str(out), "tensorboard": False},
@@ -152,6 +156,22 @@ def test_packed_run_trains_the_unpacked_weights_with_less_padding(tiny, tmp_path
     pad_off = next(line for line in lines[False] if line.startswith("data: padding"))
     assert "packed" in pad_on and "(data.packing on; 4 micro-batches of epoch 0)" in pad_on
     assert "(data.packing off; data.packing would make it" in pad_off
+    for (_, a), (_, b) in zip(off.history, on.history):
+        assert b == pytest.approx(a, rel=1e-5)
+    assert on.eval["loss"] == pytest.approx(off.eval["loss"], rel=1e-5)
+    assert on.eval["positions"] == off.eval["positions"] and on.eval["step_accuracy"] == off.eval["step_accuracy"]
+    a, b = final_weights(off), final_weights(on)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+@pytest.mark.slow
+def test_packed_peagle_run_trains_the_unpacked_weights(tiny, tmp_path):
+    """P-EAGLE's COD draws come from one generator per conversation (train/loop.py row_generators); packed,
+    each document draws with its own in its own coordinates, so the run trains the unpacked weights."""
+    res = {p: train(run_config(tiny, tmp_path / str(p), p, PEAGLE), progress=False) for p in (False, True)}
+    off, on = res[False], res[True]
+    assert on.step == off.step == 4 and on.tokens == off.tokens and on.padding < off.padding
     for (_, a), (_, b) in zip(off.history, on.history):
         assert b == pytest.approx(a, rel=1e-5)
     assert on.eval["loss"] == pytest.approx(off.eval["loss"], rel=1e-5)

@@ -71,9 +71,8 @@ class PEagleInference:
         ids = torch.cat([input_ids, input_ids.new_full((b, k - 1), self.cfg.mask_token_id)], 1)  # (B, S)
         s = t + k - 1
         positions = torch.arange(s, device=input_ids.device).expand(b, s)
-        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-        mask = torch.zeros(s, s, device=input_ids.device).masked_fill(~causal, float("-inf"))[None, None]
-        logits = self.compute_logits(self.run_layers(hidden, ids, positions, mask)[:, t - 1:])  # (B, K, Vd)
+        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()[None, None]  # (1, 1, S, S) bool
+        logits = self.compute_logits(self.run_layers(hidden, ids, positions, causal)[:, t - 1:])  # (B, K, Vd)
         return PEagleProposal(self.draft_to_target(logits.argmax(-1)), logits)
 
     def new_cache(self) -> list[DraftKVCache]:
@@ -102,8 +101,7 @@ class PEagleInference:
         positions = torch.arange(past, past + n, device=input_ids.device).expand(b, n)
         # new slot i (position past + i) sees cached and new keys j <= past + i: (1, 1, N, S + N)
         visible = torch.arange(past + n, device=input_ids.device)[None] <= positions[0, :, None]
-        mask = torch.zeros(visible.shape, device=input_ids.device).masked_fill(~visible, float("-inf"))[None, None]
-        normed = self.run_layers(hidden, ids, positions, mask, caches)
+        normed = self.run_layers(hidden, ids, positions, visible[None, None], caches)  # bool, True = visible
         for c in caches:
             c.crop(past + t)  # keep the depth-0 slots, drop this round's mask slots
         logits = self.compute_logits(normed[:, t - 1:])  # (B, K, Vd)

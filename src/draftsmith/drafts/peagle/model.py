@@ -11,6 +11,14 @@ token_{t+2}); its reference position is ref = a + d, RoPE position a + d:
 Visibility (one attention over all elements of a row):
     visible(q, kv) = (depth_kv == 0 and anchor_q >= anchor_kv) or (anchor_q == anchor_kv and depth_q >= depth_kv)
 i.e. every query sees the real context up to its anchor plus its own anchor's mask slots up to itself.
+The rule is kept as its index tensors (:class:`ElementMask`) and built per block of query rows as a bool
+mask, so no (N, N) fp32 mask exists and no layer makes a float copy of one.
+
+Packed rows (``data.packing``: the supervision's ``doc_ids`` (B, T), one contiguous run per conversation,
+-1 on padding) add ``doc(q) == doc(kv)`` to the rule, restart RoPE positions at each document's first
+slot, and draw each document's COD elements with that conversation's own generator in its own
+coordinates (:func:`packed_sample`), so a packed row gives the loss and gradients of its conversations
+trained one per row.
 
 Inference (`propose`, `propose_cached`, as vLLM 0.32 runs a parallel draft) lives in infer.py, with the
 parallel proposer. The EAGLE-3 parts are composed, not inherited: the same modules (eagle3.model's
@@ -29,12 +37,13 @@ from torch.utils.checkpoint import checkpoint
 from ..eagle3 import model as eagle3
 from ..eagle3.infer import DraftKVCache
 from ..eagle3.model import Eagle3Attention, add_eagle_modules, simulated_tau
+from ..eagle3.ttt import MAX_BLOCK_ELEMENTS, attention_rows, document_positions
 from ..layers import LossParts, RMSNorm, RowGenerators, SwiGLU, row_generator
 from .config import PEagleConfig
 from .infer import PEagleInference, PEagleProposal
 
-__all__ = ["PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample",
-           "pad_elements", "visibility", "attention_mask"]
+__all__ = ["PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample", "packed_sample",
+           "document_spans", "pad_elements", "visibility", "attention_mask", "ElementMask"]
 
 PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}
 FREEZE_EMBEDDINGS = False  # speculators trains them (the mask token's row must move)
@@ -93,39 +102,127 @@ def pad_elements(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.T
     return anchor, depth, real
 
 
-def visibility(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """(B, N) element lists -> (B, N, N) bool, [b, q, kv] = kv visible to q.
+def document_spans(doc_ids: torch.Tensor) -> dict[int, tuple[int, int, int]]:
+    """doc_ids (B, T) of packed rows -> {document id: (row, first slot, end slot)}; padding (-1) is none."""
+    spans: dict[int, tuple[int, int, int]] = {}
+    for r, row in enumerate(doc_ids.tolist()):
+        for t, j in enumerate(row):
+            if j >= 0:
+                spans[j] = (r, spans[j][1] if j in spans else t, t + 1)
+    return spans
 
-    The predicate between real elements, plus the diagonal for padding queries so that no softmax
-    row is empty (padding rows are never charged). Rows are separate batch entries (no packing).
+
+def packed_sample(doc_ids: torch.Tensor, valid: torch.Tensor, sample: Callable[[int, torch.Tensor], tuple],
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per packed row (anchor, depth) lists: depth 0 at every slot (as an unpacked row), then each
+    document's depth >= 1 elements, drawn by ``sample(j, valid_j)`` on document j's own slots
+    (document-local coordinates, as its unpacked row draws them) and offset to where it lies.
+
+    doc_ids (B, T), valid (B, T) bool. Documents are sampled in id order (the micro-batch's order), so
+    one shared generator draws the same as unpacked rows 0, 1, ... do; the trainer's one generator per
+    conversation is ``generators[j]`` for document j.
     """
-    aq, ak = anchor[:, :, None], anchor[:, None, :]
-    dq, dk = depth[:, :, None], depth[:, None, :]
-    pred = ((dk == 0) & (aq >= ak)) | ((aq == ak) & (dq >= dk))
-    eye = torch.eye(anchor.shape[1], dtype=torch.bool, device=anchor.device)
-    return (pred & real[:, :, None] & real[:, None, :]) | eye
+    b, t = doc_ids.shape
+    rows = [([torch.arange(t)], [torch.zeros(t, dtype=torch.long)]) for _ in range(b)]
+    valid = valid.bool().cpu()
+    for j, (r, s, e) in sorted(document_spans(doc_ids).items()):
+        a, d = sample(j, valid[r, s:e])
+        deep = d > 0  # depth 0 is the row's own arange above
+        rows[r][0].append(a[deep] + s)
+        rows[r][1].append(d[deep])
+    return [(torch.cat(a), torch.cat(d)) for a, d in rows]
 
 
-def attention_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """Dense additive mask (B, 1, N, N) fp32: 0 where visible, -inf elsewhere."""
-    vis = visibility(anchor, depth, real)
-    return torch.zeros(vis.shape, dtype=torch.float32, device=vis.device).masked_fill(~vis, float("-inf"))[:, None]
+def visibility(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor,
+               doc: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(B, N) element lists -> (B, N, N) bool, [b, q, kv] = kv visible to q (:class:`ElementMask`, all rows)."""
+    return ElementMask(anchor, depth, real, doc).rows(0, anchor.shape[1])[:, 0]
+
+
+def attention_mask(anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor,
+                   doc: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dense bool mask (B, 1, N, N) for SDPA: True where visible (tests and callers that want it whole)."""
+    return visibility(anchor, depth, real, doc)[:, None]
+
+
+class ElementMask:
+    """The visibility rule of a row's N elements, kept as index tensors and built per block of query rows.
+
+    anchor, depth, real (B, N) (:func:`pad_elements`); doc (B, N) int or None: each element's document in
+    a packed row. :meth:`rows` gives query rows start..end-1 against all N keys, (B, 1, r, N) bool:
+        pred(q, kv) = (depth_kv == 0 and anchor_q >= anchor_kv) or (anchor_q == anchor_kv and depth_q >= depth_kv)
+    between real elements of one document, plus the diagonal for padding queries so that no softmax
+    row is empty (padding rows are never charged). :func:`attend` runs SDPA per block of
+    ``attention_rows(B * h, keys, max_elements)`` query rows (scores within the drafts' budget), each
+    block's mask built and (in backward) rebuilt from these rules; one block: one mask for every layer.
+    """
+
+    def __init__(self, anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor,
+                 doc: Optional[torch.Tensor] = None, max_elements: int = MAX_BLOCK_ELEMENTS):
+        self.anchor, self.depth, self.real, self.doc = anchor, depth, real, doc
+        self.max_elements = max_elements
+        self._whole: Optional[torch.Tensor] = None  # (B, 1, N, N) bool, built once when one block holds all rows
+
+    @property
+    def size(self) -> int:
+        return self.anchor.shape[1]
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Query rows start..end-1 -> (B, 1, r, N) bool, True where visible."""
+        aq, ak = self.anchor[:, start:end, None], self.anchor[:, None, :]
+        dq, dk = self.depth[:, start:end, None], self.depth[:, None, :]
+        vis = ((dk == 0) & (aq >= ak)) | ((aq == ak) & (dq >= dk))  # (B, r, N)
+        vis &= self.real[:, start:end, None] & self.real[:, None, :]
+        if self.doc is not None:
+            vis &= self.doc[:, start:end, None] == self.doc[:, None, :]
+        eye = torch.arange(start, end, device=vis.device)[:, None] == torch.arange(self.size, device=vis.device)
+        return (vis | eye)[:, None]
+
+    def whole(self) -> torch.Tensor:
+        """All rows, (B, 1, N, N) bool, kept for the next layers."""
+        if self._whole is None:
+            self._whole = self.rows(0, self.size)
+        return self._whole
+
+
+def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: ElementMask, start: int,
+                     gqa: bool) -> torch.Tensor:
+    """SDPA of query rows start..start+r (q (B, h, r, d)) over all N keys, their mask built here."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.rows(start, start + q.shape[2]),
+                                                            enable_gqa=gqa)
 
 
 def attend(attn: Eagle3Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           mask: torch.Tensor, cache: DraftKVCache | None = None) -> torch.Tensor:
+           mask: torch.Tensor | ElementMask, cache: DraftKVCache | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v: x (B, N, in) -> (B, h, N, d).
 
-    With ``cache`` (S slots) the N new keys/values are appended to it first and the queries attend
-    to all S + N of them: mask (B or 1, 1, N, S + N). One fused SDPA call: the dense (B, h, N, N)
-    scores of a P-EAGLE row (N ~ 3.4 T elements at K=8) are never written out in fp32, which made
-    the unfused form the draft's largest cost on CPU; the kernel accumulates in fp32 under bf16.
+    mask: an :class:`ElementMask` (training's element rows), or a tensor (B or 1, 1, N, keys), bool
+    (True = visible) or additive. With ``cache`` (S slots) the N new keys/values are appended to it
+    first and the queries attend to all S + N of them. Fused SDPA calls: the dense (B, h, N, N) scores
+    of a P-EAGLE row (N ~ 3.4 T elements at K=8) are never written out in fp32, which made the
+    unfused form the draft's largest cost on CPU; the kernel accumulates in fp32 under bf16. An
+    ElementMask over the budget runs in blocks of query rows, each recomputed in backward (its mask too),
+    so neither the scores nor the mask grow as N^2.
     """
     q, k, v = attn.project(x, cos, sin)  # (B, h, N, d), (B, h_kv, N, d) x2
     if cache is not None:
         k, v = cache.append(k, v)  # (B, h_kv, S + N, d)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype),
-                                                            enable_gqa=attn.num_heads != attn.num_kv_heads)
+    gqa = attn.num_heads != attn.num_kv_heads
+    if isinstance(mask, ElementMask):  # training's elements: keys are the queries' own N (no cache)
+        n = q.shape[2]
+        if k.shape[2] != mask.size:
+            raise ValueError(f"attend: an ElementMask covers {mask.size} keys, got {k.shape[2]}; pass a tensor "
+                             "mask (B or 1, 1, N, S + N) with a KV cache")
+        rows = attention_rows(q.shape[0] * q.shape[1], k.shape[2], mask.max_elements)
+        if rows >= n:  # one block: the whole mask, built once for every layer
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.whole(), enable_gqa=gqa)
+        if not torch.is_grad_enabled():
+            return torch.cat([_block_attention(q[:, :, a : a + rows], k, v, mask, a, gqa) for a in range(0, n, rows)], 2)
+        return torch.cat([checkpoint(_block_attention, q[:, :, a : a + rows], k, v, mask, a, gqa, use_reentrant=False)
+                          for a in range(0, n, rows)], 2)
+    if mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)  # an additive mask in the scores' dtype
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 class PEagleDecoderLayer(nn.Module):
@@ -138,7 +235,7 @@ class PEagleDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: "torch.Tensor | ElementMask",
                 cache: DraftKVCache | None = None) -> torch.Tensor:
         """h (B, N, H) -> (B, N, H): r = h + attn(norm(h)); r + mlp(norm(r)). ``cache``: see :func:`attend`."""
         out = attend(self.self_attn, self.input_layernorm(h), cos, sin, mask, cache)  # (B, h, N, d)
@@ -186,6 +283,7 @@ class PEagleDraft(PEagleInference, nn.Module):
         # recompute each layer in backward instead of keeping its activations (train.activation_checkpointing);
         # the loss and gradients are the same up to rounding
         self.activation_checkpointing = False
+        self.max_score_elements = MAX_BLOCK_ELEMENTS  # attention scores per block of query rows (ElementMask)
 
     # EAGLE-3's head (eagle3/model.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
     set_vocab_map = eagle3.set_vocab_map
@@ -196,12 +294,13 @@ class PEagleDraft(PEagleInference, nn.Module):
     compute_logits = eagle3.compute_logits
 
     def run_layers(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-                   mask: torch.Tensor, caches: list[DraftKVCache] | None = None) -> torch.Tensor:
+                   mask: "torch.Tensor | ElementMask", caches: list[DraftKVCache] | None = None) -> torch.Tensor:
         """All draft layers over a flat element sequence -> norm(h) (B, N, H).
 
         hidden (B, N, H) layer-0 draft state (fc output), input_ids (B, N) target ids, positions (B, N)
-        RoPE positions, mask (B or 1, 1, N, N) additive fp32. ``caches``: one per layer, each holding
-        S earlier slots; the N new slots are appended to every one and mask is (B or 1, 1, N, S + N).
+        RoPE positions, mask an :class:`ElementMask` or a (B or 1, 1, N, N) bool/additive tensor (see
+        :func:`attend`). ``caches``: one per layer, each holding S earlier slots; the N new slots are
+        appended to every one and mask is (B or 1, 1, N, S + N).
         """
         # activation checkpointing: training only (no grad or a KV cache is inference, nothing to save)
         recompute = self.activation_checkpointing and caches is None and torch.is_grad_enabled()
@@ -221,19 +320,28 @@ class PEagleDraft(PEagleInference, nn.Module):
         return self.model.norm(h)
 
     def flat_forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, anchor: torch.Tensor,
-                     depth: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-        """Elements (B, N) over aux_hidden (B, T, n, Ht) and input_ids (B, T) -> norm(h) (B, N, H)."""
+                     depth: torch.Tensor, real: torch.Tensor, doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Elements (B, N) over aux_hidden (B, T, n, Ht) and input_ids (B, T) -> norm(h) (B, N, H).
+
+        doc_ids (B, T): packed rows; an element belongs to its anchor's document, attends within it, and
+        rotates at its anchor's position in that document + depth (what its own row would use)."""
         h_ctx = self.combine(aux_hidden)  # (B, T, H)
         a = anchor.clamp(0, input_ids.shape[1] - 1)
         h0 = h_ctx.gather(1, a[..., None].expand(-1, -1, h_ctx.shape[-1]))  # (B, N, H)
         is0 = (depth == 0)[..., None]
         hidden = torch.where(is0, h0, self.combine(self.mask_hidden).to(h0.dtype))  # mask: (1, 1, H)
         ids = torch.where(depth == 0, input_ids.gather(1, a), self.cfg.mask_token_id)
-        return self.run_layers(hidden, ids, (anchor + depth).clamp(min=0), attention_mask(anchor, depth, real))
+        if doc_ids is None:
+            positions, doc = anchor, None
+        else:
+            positions, doc = document_positions(doc_ids).gather(1, a), doc_ids.gather(1, a)  # (B, N) each
+        mask = ElementMask(anchor, depth, real, doc, self.max_score_elements)
+        return self.run_layers(hidden, ids, (positions + depth).clamp(min=0), mask)
 
     def forward(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, target_probs: torch.Tensor,
                 loss_mask: torch.Tensor, generator: torch.Generator | RowGenerators = None,
-                cod: bool = True, position_mask: Optional[torch.Tensor] = None) -> PEagleOutput:
+                cod: bool = True, position_mask: Optional[torch.Tensor] = None,
+                doc_ids: Optional[torch.Tensor] = None) -> PEagleOutput:
         """Parallel-drafting loss over EAGLE-3 supervision (right padding only).
 
         aux_hidden (B, T, n, Ht) unshifted; input_ids (B, T) = token_{t+1}; target_probs (B, T, Vd) =
@@ -247,17 +355,29 @@ class PEagleDraft(PEagleInference, nn.Module):
         Metrics count every charged element; a hit also needs position_mask[ref] (B, T) (the target's
         full-vocab argmax lies in the draft vocab; None: always), since p's argmax over the draft vocab
         is then another token than the target's and the draft could not have proposed the real one.
+        doc_ids (B, T): packed rows (module docstring); document j samples with generator j (its
+        conversation's, or the one given) in its own coordinates, and charges only refs in its own run.
         """
         cfg = self.cfg
         b, t = input_ids.shape
         valid = loss_mask.bool()
-        rows = [cod_sample(valid[i], cfg.num_depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min,
-                           row_generator(generator, i))
-                if cod else full_sample(t, cfg.num_depths) for i in range(b)]
+
+        def sample(i: int, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # conversation i's valid (T_i,)
+            if cod:
+                return cod_sample(v, cfg.num_depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min,
+                                  row_generator(generator, i))
+            return full_sample(v.shape[0], cfg.num_depths)
+
+        if doc_ids is None:
+            rows = [sample(i, valid[i]) for i in range(b)]
+        else:
+            rows = packed_sample(doc_ids, valid, sample)
         anchor, depth, real = (x.to(input_ids.device) for x in pad_elements(rows))
-        normed = self.flat_forward(aux_hidden, input_ids, anchor, depth, real)  # (B, N, H)
+        normed = self.flat_forward(aux_hidden, input_ids, anchor, depth, real, doc_ids)  # (B, N, H)
         ref = anchor + depth
         charged = real & (ref < t) & valid.gather(1, ref.clamp(0, t - 1))  # (B, N)
+        if doc_ids is not None:  # never a ref in the next document (sampling keeps it inside already)
+            charged &= doc_ids.gather(1, ref.clamp(0, t - 1)) == doc_ids.gather(1, anchor.clamp(0, t - 1))
         # lm_head, log-softmax and KL on charged rows only: (M, H) -> (M, Vd)
         logits = self.compute_logits(normed[charged])
         bi = torch.arange(b, device=ref.device)[:, None].expand_as(ref)[charged]
@@ -285,10 +405,11 @@ class PEagleDraft(PEagleInference, nn.Module):
     def supervised(self, sup: Any, generators: RowGenerators = None) -> PEagleOutput:
         """:meth:`forward` on ``eagle3`` supervision: COD while training (row i draws from
         ``generators[i]``; None: torch's global RNG, which every checkpoint saves), every (anchor,
-        depth) in eval mode (held-out metrics)."""
+        depth) in eval mode (held-out metrics). Packed supervision (``doc_ids``, train/packing.py):
+        conversation i is document i, drawn with ``generators[i]`` as unpacked."""
         return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.loss_mask,
                     generator=generators if self.training else None, cod=self.training,
-                    position_mask=sup.position_mask)
+                    position_mask=sup.position_mask, doc_ids=getattr(sup, "doc_ids", None))
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json: EAGLE-3's plus the parallel-drafting keys (PEagleConfig.to_export)."""
