@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts",
-           "conditional_rates"]
+           "conditional_rates", "document_positions"]
 
 
 class RMSNorm(nn.Module):
@@ -199,6 +199,19 @@ def row_generator(generators: Union[RowGenerators, torch.Generator], row: int) -
     if generators is None or isinstance(generators, torch.Generator):
         return generators
     return generators[row]
+
+
+def document_positions(doc: torch.Tensor) -> torch.Tensor:
+    """A packed row's (``data.packing``) RoPE positions, what each conversation's own row rotates at.
+
+    doc (B, T) int -> (B, T) int64: each slot's position within its document, 0 at the document's first
+    slot (a document is a run of equal ids). Padding's run counts on too: no real slot reads it."""
+    b, t = doc.shape
+    idx = torch.arange(t, device=doc.device).expand(b, t)  # (B, T)
+    first = torch.ones_like(doc, dtype=torch.bool)
+    first[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    start = torch.where(first, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, T) first slot of its run
+    return idx - start
 
 
 def conditional_rates(prefix: torch.Tensor, count: torch.Tensor) -> list[float]:

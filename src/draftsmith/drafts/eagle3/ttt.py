@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..chunked import MAX_ELEMENTS
-from ..layers import repeat_kv
+from ..layers import document_positions, repeat_kv  # noqa: F401 (document_positions: this module's name for it too)
 
 __all__ = ["MAX_BLOCK_ELEMENTS", "attention_rows", "attention_mask", "ttt_attention", "soft_ce_block",
            "document_positions", "same_document"]
@@ -87,17 +87,6 @@ def soft_ce_block(head: Callable[[torch.Tensor], torch.Tensor], normed: torch.Te
     logits = head(normed)
     ce = -(probs * logits.log_softmax(-1)).sum(-1).sum()  # (N,) -> (), the unblocked reduction order
     return ce, (logits.detach().argmax(-1) == probs.argmax(-1))
-
-
-def document_positions(doc: torch.Tensor) -> torch.Tensor:
-    """doc (B, T) int -> (B, T) int64: each slot's position within its document, 0 at the document's
-    first slot (a document is a run of equal ids). Padding's run counts on too: no real slot reads it."""
-    b, t = doc.shape
-    idx = torch.arange(t, device=doc.device).expand(b, t)  # (B, T)
-    first = torch.ones_like(doc, dtype=torch.bool)
-    first[:, 1:] = doc[:, 1:] != doc[:, :-1]
-    start = torch.where(first, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, T) first slot of its run
-    return idx - start
 
 
 def same_document(doc: torch.Tensor, k: int) -> torch.Tensor:
