@@ -15,6 +15,10 @@ Visibility (DRAFT_FAMILIES 2.3): a query of block b (anchor a_b) sees context ke
 before the anchor: the target has no state for the anchor token yet when it drafts) and the keys
 of its own block, all of them (bidirectional) or j' <= i (``causal``: JetSpec); never another block.
 Block position k predicts the token at a_b + k, so position 0 (the anchor) is never supervised.
+Packed rows (``data.packing``, ``doc_ids`` (B, S) on the supervision): each document's anchors are
+drawn as its own unpacked row would draw them (dflash/documents.py), a block's context keys are
+[its document's first slot, a_b), RoPE positions count from the document's first slot (context and
+block alike), and labels stop at the document's end: a packed row has its conversations' loss.
 
 Loss: sum_{b, k>=1} w_k CE_k m / (sum w_k m + 1e-6), w_k = exp(-(k-1)/gamma) (uniform when gamma is
 None), m = keep_b & (a_b + k < S) & loss_mask[a_b + k]. JetSpec (dflash/jetspec.py) swaps the CE for
@@ -37,10 +41,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..chunked import MAX_ELEMENTS, chunked_soft_ce
-from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
+from ..layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
+                      document_positions)
 from .config import DFlashConfig
+from .documents import document_rows, place_anchors
 
-__all__ = ["DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "block_inputs",
+__all__ = ["DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "document_anchors", "block_inputs",
            "visibility", "decay_weights", "block_metrics"]
 
 PROGRESS = {"acc": "acc1", "tau": "accept_len"}
@@ -79,15 +85,32 @@ def sample_anchors(loss_mask: torch.Tensor, block_size: int, num_anchors: int,
     return anchor.masked_fill(~keep, 0), keep
 
 
+def document_anchors(loss_mask: torch.Tensor, doc_ids: torch.Tensor, block_size: int, num_anchors: int,
+                     generator: Optional[torch.Generator] | RowGenerators = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sample_anchors` of packed rows (loss_mask, doc_ids (B, S)) -> (anchor, keep, start, end),
+    each (B, N'): anchors in packed slots, and the first slot of each one's document and the slot after
+    its last (dflash/documents.py). Document d draws as unpacked row d of its micro-batch: from
+    ``generator[d]`` (one per conversation), or row d of one (D, W) draw."""
+    docs = int(doc_ids.max()) + 1 if doc_ids.numel() else 0
+    if isinstance(generator, (list, tuple)):  # one per conversation, even one with no slot here
+        docs = max(docs, len(generator))
+    local, spans = document_rows(loss_mask, doc_ids, docs)  # (D, W): each document as its own row
+    anchor, keep = sample_anchors(local, block_size, num_anchors, generator)  # (D, N) document-local
+    return place_anchors(anchor, keep, spans, *doc_ids.shape)
+
+
 def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor: torch.Tensor, keep: torch.Tensor,
-                 block_size: int, mask_token_id: int, label_offset: int = 0
+                 block_size: int, mask_token_id: int, label_offset: int = 0, end: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blocks over anchors -> noise ids, positions, label ids, label mask, each (B, N, bs).
 
     noise[b, j] = [token[a_j], MASK, ...] (all MASK for padding blocks); position = a_j + k;
     label = token[a_j + k + o], supervised where keep, k >= 1 - o, a_j + k + o < S and
     loss_mask[a_j + k + o]. o = ``label_offset``: 0 for DFlash (the anchor slot predicts nothing),
-    1 for Domino's shift_label (every slot predicts the token after its position).
+    1 for Domino's shift_label (every slot predicts the token after its position). ``end`` (B, N):
+    packed rows' slot after each anchor's document, which then stands for S (the next document's
+    tokens are no labels of this one, as the unpacked row's padding is none).
     """
     s = input_ids.shape[1]
     offs = torch.arange(block_size, device=input_ids.device)
@@ -95,18 +118,22 @@ def block_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor: torch
     lpos = pos + label_offset
     idx = lpos.clamp(max=s - 1).flatten(1)
     labels = input_ids.gather(1, idx).view_as(pos)
-    label_mask = (keep[..., None] & (offs >= 1 - label_offset) & (lpos < s)
+    stop = s if end is None else end[..., None]  # () or (B, N, 1)
+    label_mask = (keep[..., None] & (offs >= 1 - label_offset) & (lpos < stop)
                   & loss_mask.bool().gather(1, idx).view_as(pos))
     noise = torch.full_like(pos, mask_token_id)
     noise[..., 0] = torch.where(keep, input_ids.gather(1, anchor), mask_token_id)
     return noise, pos, labels, label_mask
 
 
-def visibility(anchor: torch.Tensor, context_len: int, block_size: int, causal: bool) -> torch.Tensor:
+def visibility(anchor: torch.Tensor, context_len: int, block_size: int, causal: bool,
+               start: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, N) anchors -> (B, N*bs, S + N*bs) bool, [b, q, kv] = kv visible to q.
 
     Query (block j, offset i) sees context kv < a_j and, in its own block, every offset (bidirectional)
-    or offsets <= i (causal). Padding blocks (anchor 0) keep their in-block keys, so no row is empty.
+    or offsets <= i (causal). ``start`` (B, N): packed rows' first slot of each anchor's document; the
+    context is then start_j <= kv < a_j, never another document's. Padding blocks (anchor 0) keep
+    their in-block keys, so no row is empty.
     Dense on purpose: each query's context ends at its own block's anchor (per row, data-dependent),
     which SDPA's only index rule (is_causal, one top-left triangle) cannot say, and one SDPA call over
     all blocks needs one mask; it is bool (1 byte an entry) and shared by every layer.
@@ -114,7 +141,10 @@ def visibility(anchor: torch.Tensor, context_len: int, block_size: int, causal: 
     b, n = anchor.shape
     dev = anchor.device
     q_anchor = anchor.repeat_interleave(block_size, 1)  # (B, Q)
-    ctx = torch.arange(context_len, device=dev)[None, None, :] < q_anchor[..., None]  # (B, Q, S)
+    kv = torch.arange(context_len, device=dev)[None, None, :]
+    ctx = kv < q_anchor[..., None]  # (B, Q, S)
+    if start is not None:  # a packed row: only the query's own document
+        ctx = ctx & (kv >= start.repeat_interleave(block_size, 1)[..., None])
     blk = torch.arange(n * block_size, device=dev)
     same = (blk[:, None] // block_size) == (blk[None, :] // block_size)  # (Q, Q)
     if causal:
@@ -300,17 +330,26 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
     def blocks(self, aux_hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-               generator: Optional[torch.Generator] = None):
-        """Sample anchors and run every block -> (h (B, N, bs, H), labels, label_mask, anchor)."""
+               generator: Optional[torch.Generator] | RowGenerators = None, doc_ids: Optional[torch.Tensor] = None):
+        """Sample anchors and run every block -> (h (B, N, bs, H), labels, label_mask, anchor).
+
+        ``doc_ids`` (B, S): packed rows (module docstring); anchor is then in packed slots."""
         cfg = self.cfg
         b, s = input_ids.shape
         bs = cfg.block_size
         o = self.label_offset
-        anchor, keep = sample_anchors(loss_mask, bs + o, cfg.num_anchors, generator)
-        noise, pos, labels, lmask = block_inputs(input_ids, loss_mask, anchor, keep, bs, cfg.mask_token_id, o)
-        ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
+        if doc_ids is None:
+            anchor, keep = sample_anchors(loss_mask, bs + o, cfg.num_anchors, generator)
+            start = end = None
+            ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
+        else:  # start, end (B, N): each anchor's document [start, end)
+            anchor, keep, start, end = document_anchors(loss_mask, doc_ids, bs + o, cfg.num_anchors, generator)
+            ctx_pos = document_positions(doc_ids)  # (B, S): what each conversation's own row rotates at
+        noise, pos, labels, lmask = block_inputs(input_ids, loss_mask, anchor, keep, bs, cfg.mask_token_id, o, end)
+        if start is not None:
+            pos = pos - start[..., None]  # (B, N, bs): anchor + offset within the document
         ctx = self.context(aux_hidden)  # (B, S, n*H) -> (B, S, H)
-        mask = visibility(anchor, s, bs, cfg.causal)[:, None]  # (B, 1, Q, S + Q) bool
+        mask = visibility(anchor, s, bs, cfg.causal, start)[:, None]  # (B, 1, Q, S + Q) bool
         if self.activation_checkpointing and torch.is_grad_enabled():
             h = self.run_blocks_checkpointed(noise.flatten(1), pos.flatten(1), ctx, ctx_pos, mask)
         else:
@@ -330,9 +369,11 @@ class DFlashDraft(nn.Module):
         return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - self.label_offset), parts)
 
     def forward(self, sup: Any, generator: Optional[torch.Generator] | RowGenerators = None) -> DFlashOutput:
-        """Loss and metric sums over one micro-batch of ``dflash`` supervision (right padding)."""
+        """Loss and metric sums over one micro-batch of ``dflash`` supervision (right padding), or of its
+        packed rows (its ``doc_ids``, data.packing: the same loss and gradients)."""
         try:
-            h, labels, lmask, anchor = self.blocks(sup.aux_hidden, sup.input_ids, sup.loss_mask, generator)
+            h, labels, lmask, anchor = self.blocks(sup.aux_hidden, sup.input_ids, sup.loss_mask, generator,
+                                                   getattr(sup, "doc_ids", None))
         except NoValidAnchors:  # nothing to learn from: a zero loss that still reaches every parameter
             zero = sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
             return DFlashOutput(zero, empty_sums(self.cfg.block_size - 1 + self.label_offset, zero.device),
