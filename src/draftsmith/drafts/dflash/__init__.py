@@ -38,6 +38,9 @@ def _causal(config: dict) -> bool:
 _BLOCK = dict(
     layout="block", first_layer_id=1, layer_ids_key="dflash_config.target_layer_ids", layer_id_offset=-1,
     borrows_lm_head=True, needs_mask_token=True,
+    # data.packing: each document draws its anchors as its own row would, and attention, RoPE positions and
+    # labels stay within it (model.py, documents.py), so packed rows have the unpacked loss and gradients
+    packing=True,
     serve_k=KRule(("block_size", "dflash_config.block_size"), offset=-1, why="K = block_size - 1", required=False),
     serve_k_missing="DFlash draft has no block_size >= 2 in config.json (top level or dflash_config); "
                     "pass --num-speculative-tokens",
