@@ -5,9 +5,10 @@ conversation's supervision (the EAGLE-3 shift with its zero tail) is exactly its
 the per-position tensors (B, T, ...) of a micro-batch's conversations are laid end to end into rows of
 at most ``data.max_length`` positions, with ``doc_ids`` (B', T') int64 telling them apart (the
 conversation's index in the micro-batch, -1 on padding). A family whose description says ``packing``
-keeps attention, RoPE positions and TTT steps within each document (drafts/eagle3/ttt.py), so a packed
-micro-batch has the loss, metrics and gradients of the same conversations unpacked; it only computes
-fewer padded positions.
+keeps attention, RoPE positions and its loss within each document (EAGLE-3's TTT steps:
+drafts/eagle3/ttt.py; the DFlash family's anchors, drawn per document as its own row would:
+drafts/dflash/documents.py), so a packed micro-batch has the loss, metrics and gradients of the same
+conversations unpacked; it only computes fewer padded positions.
 
 ``train.batch_size`` stays *conversations* per micro-batch: the data order, the resume position and
 the rank shares count conversations exactly as without packing (train/parallel.py is untouched), and
