@@ -171,41 +171,37 @@ BLOCK_DRAFTS = {"dflash": {"type": "dflash", **BLOCK}, "jetspec": {"type": "jets
                            "lambda_decay_ratio": 0.5}}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", list(BLOCK_DRAFTS))
-def test_packed_block_draft_run_trains_the_unpacked_weights(tiny, tmp_path, family):
-    """The DFlash family end to end: the trainer's per-conversation generators draw each packed
-    document's anchors as its unpacked row's, so the loss history, held-out metrics and weights agree."""
-    res = {p: train(run_config(tiny, tmp_path / str(p), p, BLOCK_DRAFTS[family]), progress=False)
-           for p in (False, True)}
+def _packed_run_trains_the_unpacked_weights(tiny, tmp_path, draft: dict, eval_keys: tuple, atol: float) -> None:
+    """A tiny run packed and unpacked: the same steps and tokens, less padding, the same loss history and
+    held-out metrics (rel 1e-5) and final weights (rtol 1e-4, ``atol``)."""
+    res = {p: train(run_config(tiny, tmp_path / str(p), p, draft), progress=False) for p in (False, True)}
     off, on = res[False], res[True]
     assert on.step == off.step == 4 and on.tokens == off.tokens and on.padding < off.padding
     for (_, a), (_, b) in zip(off.history, on.history):
         assert b == pytest.approx(a, rel=1e-5)
     assert on.eval["loss"] == pytest.approx(off.eval["loss"], rel=1e-5)
-    assert on.eval["positions"] == off.eval["positions"] and on.eval["blocks"] == off.eval["blocks"]
+    assert all(on.eval[k] == off.eval[k] for k in eval_keys), eval_keys
     a, b = final_weights(off), final_weights(on)
-    # atol 1e-4 (weights ~0.03): Adam divides each gradient by its own running size, so an element whose
-    # gradient is near 0 turns a rounding-level difference into a step of lr's order (DFlash, 4 steps:
-    # one k_proj element of 2048 moves 4e-5; every other element agrees to 1e-4 relative)
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-4, msg=k)
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=atol, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(BLOCK_DRAFTS))
+def test_packed_block_draft_run_trains_the_unpacked_weights(tiny, tmp_path, family):
+    """The DFlash family end to end: the trainer's per-conversation generators draw each packed
+    document's anchors as its unpacked row's, so the loss history, held-out metrics and weights agree.
+    atol 1e-4 (weights ~0.03): Adam divides each gradient by its own running size, so an element whose
+    gradient is near 0 turns a rounding-level difference into a step of lr's order (DFlash, 4 steps:
+    one k_proj element of 2048 moves 4e-5; every other element agrees to 1e-4 relative)."""
+    _packed_run_trains_the_unpacked_weights(tiny, tmp_path, BLOCK_DRAFTS[family], ("positions", "blocks"), 1e-4)
 
 
 @pytest.mark.slow
 def test_packed_peagle_run_trains_the_unpacked_weights(tiny, tmp_path):
     """P-EAGLE's COD draws come from one generator per conversation (train/loop.py row_generators); packed,
     each document draws with its own in its own coordinates, so the run trains the unpacked weights."""
-    res = {p: train(run_config(tiny, tmp_path / str(p), p, PEAGLE), progress=False) for p in (False, True)}
-    off, on = res[False], res[True]
-    assert on.step == off.step == 4 and on.tokens == off.tokens and on.padding < off.padding
-    for (_, a), (_, b) in zip(off.history, on.history):
-        assert b == pytest.approx(a, rel=1e-5)
-    assert on.eval["loss"] == pytest.approx(off.eval["loss"], rel=1e-5)
-    assert on.eval["positions"] == off.eval["positions"] and on.eval["step_accuracy"] == off.eval["step_accuracy"]
-    a, b = final_weights(off), final_weights(on)
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=k)
+    _packed_run_trains_the_unpacked_weights(tiny, tmp_path, PEAGLE, ("positions", "step_accuracy"), 1e-6)
 
 
 @pytest.mark.slow
