@@ -105,14 +105,9 @@ class HFEngine(ColocatedEngine):
             load["device_map"] = device_map  # accelerate places each layer as the weights load
         model = AutoModelForCausalLM.from_pretrained(self.path, **load)
         if device_map is None:
-            self.device = torch.device(device)
-            model = model.to(self.device)
-        else:
-            # the first device: where input ids must go (the embedding) and where features are gathered
-            self.device = model.get_input_embeddings().weight.device
-        self.model = model.eval().requires_grad_(False)
-        self._norm = final_norm(self.model)
-        self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
+            model = model.to(torch.device(device))
+        # with a device map, the first device: where input ids must go (the embedding) and features gather
+        self._adopt(model, model.get_input_embeddings().weight.device)
 
     @classmethod
     def from_model(cls, model, *, dtype: str, tokenizer=None) -> "HFEngine":
@@ -122,11 +117,16 @@ class HFEngine(ColocatedEngine):
             raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
         eng = cls.__new__(cls)
         eng.path, eng.dtype, eng.tokenizer = Path(getattr(model.config, "_name_or_path", "") or "."), dtype, tokenizer
-        eng.model = model.eval().requires_grad_(False)
-        eng.device = next(model.parameters()).device
-        eng._norm = final_norm(model)
-        eng._num_layers = int(model.config.get_text_config().num_hidden_layers)
+        eng.device_map = None
+        eng._adopt(model, model.get_input_embeddings().weight.device)
         return eng
+
+    def _adopt(self, model, device: torch.device) -> None:
+        """Take ``model`` as the frozen target whose inputs go to ``device``."""
+        self.device = torch.device(device)
+        self.model = model.eval().requires_grad_(False)
+        self._norm = final_norm(self.model)
+        self._num_layers = int(self.model.config.get_text_config().num_hidden_layers)
 
     # ------------------------------------------------------------------ static facts
     def info(self) -> TargetInfo:
