@@ -167,11 +167,15 @@ def test_training_with_an_engine_that_cannot_run_fails_before_data_loads(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None),
                     reason="needs sglang and a CUDA GPU")
-def test_real_sglang_features_equal_hf(target):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_real_sglang_features_equal_hf(target, tp):
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"tp_size {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible")
     hf = HFEngine(target)
-    eng = SGLangEngine(target, engine_kwargs={"mem_fraction_static": 0.2})
+    eng = SGLangEngine(target, engine_kwargs={"mem_fraction_static": 0.2, "tp_size": tp})
     try:
         b = _batch(hf.info().vocab_size)
         ref, got = hf.features(b, [1, 2, L], logits=True), eng.features(b, [1, 2, L], logits=True)

@@ -102,7 +102,7 @@ def test_vllm_engine_builds_llm_with_tensor_parallel_size_and_the_kwargs(tiny, m
     assert kw["tensor_parallel_size"] == 2 and kw["gpu_memory_utilization"] == 0.5 and kw["model"] == str(tiny)
 
 
-def test_sglang_runner_gives_tp_size_to_server_args_and_refuses_more_than_rank_0(tiny, monkeypatch):
+def test_sglang_runner_gives_tp_size_to_server_args_and_starts_every_rank(tiny, monkeypatch):
     import torch
 
     import draftsmith.targets.sglang as ts
@@ -125,12 +125,25 @@ def test_sglang_runner_gives_tp_size_to_server_args_and_refuses_more_than_rank_0
     eng = open_engine("sglang", str(tiny), dtype="float32", device=None,
                       engine_kwargs={"tp_size": 1, "mem_fraction_static": 0.7})
     assert made[-1]["tp_size"] == 1 and made[-1]["mem_fraction_static"] == 0.7 and made[-1]["model_path"] == str(tiny)
-    assert loads[-1][2:] == (0, 0) and eng.runner.mr is mr  # (gpu_id, tp_rank)
+    assert loads[-1][2:] == (0, 0) and eng.runner.rank0.mr is mr  # (gpu_id, tp_rank)
+    assert eng.runner.procs == []  # one rank: nothing to spawn
     eng.close()
-    # tp_size 2 reaches ServerArgs, then stops before load_model would wait forever for rank 1
-    with pytest.raises(TargetError, match=r"tp_size=2 reached SGLang's ServerArgs, but this runner loads TP rank 0 only"):
-        open_engine("sglang", str(tiny), dtype="float32", **engine_options(flags("--engine", "sglang", "--tp-size", "2")))
+    # tp_size 2 reaches ServerArgs and a TPRunner over both ranks (tests/targets/test_tp_runner.py runs one)
+    started = []
+    monkeypatch.setattr(ts, "TPRunner", lambda factory, args, tp: started.append((factory, args, tp)) or FakeRunner())
+    eng = open_engine("sglang", str(tiny), dtype="float32", **engine_options(flags("--engine", "sglang", "--tp-size", "2")))
     assert made[-1]["tp_size"] == 2 and len(loads) == 1
+    (factory, args, tp), = started
+    assert tp == 2 and args[1] == "ports" and args[0].tp_size == 2
+    # rank r loads on GPU base_gpu_id + r * gpu_id_step as tp_rank r
+    sa = types.SimpleNamespace(base_gpu_id=1, gpu_id_step=2)
+    assert factory(1, sa, "ports", 4).mr is mr and loads[-1][1:] == ("ports", 3, 1)
+    eng.close()
+
+
+class FakeRunner:
+    def close(self):
+        pass
 
 
 def test_config_tp_size_reaches_the_co_located_engine_options():

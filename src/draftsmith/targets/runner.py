@@ -16,6 +16,7 @@ So an engine module is a thin adapter: it implements a runner and subclasses :cl
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Optional, Protocol, Sequence
 
@@ -193,3 +194,132 @@ class RunnerEngine(ColocatedEngine):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _rank_main(factory, args: tuple, rank: int, conn) -> None:
+    """A TP rank's process: build its runner, then run what rank 0 sends until ``close``.
+
+    Replies ``("ok", None)`` or ``("error", "Type: message")`` to each command; the features a rank
+    computes stay here (rank 0's are the engine's), so nothing but a status crosses the pipe.
+    """
+    try:
+        runner = factory(rank, *args)
+    except BaseException as e:  # noqa: BLE001 -- reported to rank 0, which raises it by rank
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ok", None))
+    while True:
+        op, payload = conn.recv()
+        try:
+            if op == "close":
+                runner.close()
+                conn.send(("ok", None))
+                return
+            getattr(runner, op)(payload)  # set_capture_layers(ids) | run(rows)
+            conn.send(("ok", None))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class TPRunner:
+    """A :class:`Runner` over every tensor-parallel rank of an engine that is driven rank by rank (SGLang).
+
+    ``factory(rank, *args)`` builds one rank's runner: rank 0 in this process, ranks 1..tp_size-1 each in a
+    process of its own (spawned, so CUDA can start there). Every command goes to every rank, since a TP
+    forward's all-reduces need all of them; features come from rank 0, whose residual streams are whole
+    after each all-reduce. A rank that fails to build or to run is raised here as a one-line
+    :class:`TargetError` naming the rank, instead of leaving rank 0 waiting at a collective.
+    """
+
+    def __init__(self, factory, args: tuple, tp_size: int, *, start_timeout_s: float = 1800.0):
+        import multiprocessing as mp
+        import threading
+
+        self.tp_size, self.procs, self.conns = int(tp_size), [], []
+        ctx = mp.get_context("spawn")
+        for rank in range(1, self.tp_size):  # the others first: rank 0's load waits for them at its first collective
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, args=(factory, args, rank, child), daemon=True, name=f"tp-rank-{rank}")
+            p.start()
+            self.procs.append(p)
+            self.conns.append(parent)
+        built: dict = {}
+
+        def build_rank0():
+            try:
+                built["runner"] = factory(0, *args)
+            except BaseException as e:  # noqa: BLE001
+                built["error"] = e
+
+        t = threading.Thread(target=build_rank0, daemon=True, name="tp-rank-0")
+        t.start()
+        pending, deadline = set(range(1, self.tp_size)), time.monotonic() + start_timeout_s
+        try:
+            while t.is_alive() or pending:  # a rank that fails stops the wait at once, whoever it is
+                for rank in sorted(pending):
+                    if self.conns[rank - 1].poll():
+                        self._check(rank, self.conns[rank - 1].recv())
+                        pending.discard(rank)
+                    elif not self.procs[rank - 1].is_alive():
+                        raise TargetError(f"target.engine: TP rank {rank} of {self.tp_size} exited (code "
+                                          f"{self.procs[rank - 1].exitcode}) while loading; see its output above")
+                if "error" in built:
+                    raise TargetError(f"target.engine: TP rank 0 of {self.tp_size} failed to load: "
+                                      f"{type(built['error']).__name__}: {built['error']}") from built["error"]
+                if time.monotonic() > deadline:
+                    raise TargetError(f"target.engine: the {self.tp_size} TP ranks did not all load within "
+                                      f"{start_timeout_s:.0f} s (ranks still loading: {sorted(pending) or [0]})")
+                t.join(0.05)
+            if "error" in built:
+                raise TargetError(f"target.engine: TP rank 0 of {self.tp_size} failed to load: "
+                                  f"{type(built['error']).__name__}: {built['error']}") from built["error"]
+        except BaseException:
+            self._stop(graceful=False)
+            raise
+        self.rank0 = built["runner"]
+
+    def _check(self, rank: int, reply: tuple) -> None:
+        status, message = reply
+        if status != "ok":
+            raise TargetError(f"target.engine: TP rank {rank} of {self.tp_size} failed: {message}")
+
+    def _all(self, op: str, payload, local):
+        try:
+            for c in self.conns:
+                c.send((op, payload))
+            out = local(payload)
+            for rank, c in enumerate(self.conns, start=1):
+                while not c.poll(1.0):
+                    if not self.procs[rank - 1].is_alive():
+                        raise TargetError(f"target.engine: TP rank {rank} of {self.tp_size} exited "
+                                          f"(code {self.procs[rank - 1].exitcode}) during {op}")
+                self._check(rank, c.recv())
+        except BaseException:  # the ranks are out of step now (a collective may be half done): stop them all
+            self._stop(graceful=False)
+            raise
+        return out
+
+    def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
+        self._all("set_capture_layers", list(layer_ids), self.rank0.set_capture_layers)
+
+    def run(self, rows: list[list[int]]) -> list[Tensor]:
+        return self._all("run", rows, self.rank0.run)
+
+    def close(self) -> None:
+        try:
+            for c in self.conns:
+                c.send(("close", None))
+            self.rank0.close()
+        except (BrokenPipeError, EOFError, OSError):  # a rank already gone: nothing to close there
+            pass
+        finally:
+            self._stop(graceful=True)
+
+    def _stop(self, graceful: bool) -> None:
+        for p in self.procs:
+            if graceful:
+                p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        self.procs, self.conns = [], []

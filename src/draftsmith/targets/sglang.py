@@ -5,7 +5,10 @@ so this module is unit-tested here against a fake runner and exercised for real 
 and a GPU exist: tests/targets/test_sglang_engine.py skips otherwise). It uses SGLang internals that
 move between releases (``sglang.bench_one_batch.load_model``, ``Req``, ``ScheduleBatch``,
 ``ForwardBatch``, ``CaptureHiddenMode``), the same ones SGLang's own one-batch benchmark drives;
-everything version-coupled sits in :class:`SGLangRunner`.
+everything version-coupled sits in :class:`SGLangRankRunner`.
+
+Tensor parallelism (``tp_size`` > 1, from ``--tp-size`` / ``target.tp_size``): every TP rank runs, rank 0
+here and the others in processes of their own (:func:`sglang_runner`, :class:`~draftsmith.targets.runner.TPRunner`).
 
 Layer ids: SGLang's ``set_eagle3_layers_to_capture(ids)`` captures the INPUT of layer ``k + 1`` for
 each ``k`` (``layers_to_capture = [k + 1 ...]``), i.e. the residual stream after ``k + 1`` layers, so
@@ -27,7 +30,7 @@ import torch
 from torch import Tensor
 
 from draftsmith.targets.contract import TargetError
-from draftsmith.targets.runner import Runner, RunnerEngine
+from draftsmith.targets.runner import Runner, RunnerEngine, TPRunner
 
 SGLANG_VERSION = "0.5.23"
 INSTALL_HINT = f"pip install 'sglang[all]=={SGLANG_VERSION}' (needs a CUDA GPU)"
@@ -70,29 +73,21 @@ class _NoTreeCache:
         return None
 
 
-class SGLangRunner:
-    """The :class:`~draftsmith.targets.runner.Runner` over SGLang's ``ModelRunner`` (one extend per batch).
+class SGLangRankRunner:
+    """One TP rank of SGLang's ``ModelRunner`` (one extend per batch); rank 0's features are the engine's.
 
-    Radix cache and chunked prefill are off so each row's prefill computes every token;
-    ``engine_kwargs`` go to ``ServerArgs`` (e.g. ``mem_fraction_static``, ``tp_size``); a ``tp_size``
-    above 1 is refused after ``ServerArgs`` takes it, since only TP rank 0 is loaded here.
+    With tensor parallelism every rank must run the same forward (their all-reduces meet), and the
+    residual streams we capture are replicated after each layer's all-reduce, so rank 0's copy is whole.
+    Radix cache and chunked prefill are off so each row's prefill computes every token.
     """
 
-    def __init__(self, path: Path, dtype: str, num_layers: int, engine_kwargs: Optional[dict] = None):
+    def __init__(self, server_args: Any, port_args: Any, tp_rank: int, num_layers: int):
         from sglang.bench_one_batch import load_model
-        from sglang.srt.server_args import PortArgs, ServerArgs
 
-        args = dict(model_path=str(path), dtype=dtype, disable_radix_cache=True, disable_cuda_graph=True,
-                    chunked_prefill_size=-1, mem_fraction_static=0.5)
-        args.update(engine_kwargs or {})
-        self.server_args = ServerArgs(**args)
-        tp = int(getattr(self.server_args, "tp_size", 1) or 1)
-        if tp > 1:  # load_model below starts TP rank 0 only: with more ranks it would wait for them forever
-            raise TargetError(f"target.engine sglang: tp_size={tp} reached SGLang's ServerArgs, but this runner "
-                              f"loads TP rank 0 only (running every rank is not built yet); use tp_size 1, "
-                              f"or --engine vllm / target.engine: vllm with the same tp size")
-        port_args = PortArgs.init_new(self.server_args)
-        loaded = load_model(self.server_args, port_args, 0, 0)  # (gpu_id, tp_rank)
+        self.server_args = server_args
+        # SGLang's own placement rule for rank r: GPU base_gpu_id + r * gpu_id_step
+        gpu_id = int(getattr(server_args, "base_gpu_id", 0) or 0) + tp_rank * int(getattr(server_args, "gpu_id_step", 1) or 1)
+        loaded = load_model(server_args, port_args, gpu_id, tp_rank)
         self.mr = loaded[0] if isinstance(loaded, tuple) else loaded  # older releases also return a tokenizer
         self.num_layers = num_layers
         self.capture: list[int] = []
@@ -157,6 +152,28 @@ class SGLangRunner:
         self.mr = None
 
 
+def _sglang_rank(tp_rank: int, server_args: Any, port_args: Any, num_layers: int) -> SGLangRankRunner:
+    return SGLangRankRunner(server_args, port_args, tp_rank, num_layers)
+
+
+def sglang_runner(path: Path, dtype: str, num_layers: int, engine_kwargs: Optional[dict] = None) -> TPRunner:
+    """SGLang's ``ModelRunner`` on every TP rank (``engine_kwargs`` go to ``ServerArgs``, e.g. ``tp_size``).
+
+    Rank 0 runs in this process and ranks 1..tp_size-1 in processes of their own (:class:`TPRunner`),
+    the way SGLang's one-batch benchmark starts them, since loading rank 0 alone would wait forever for
+    the others at the first collective.
+    """
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    args = dict(model_path=str(path), dtype=dtype, disable_radix_cache=True, disable_cuda_graph=True,
+                chunked_prefill_size=-1, mem_fraction_static=0.5)
+    args.update(engine_kwargs or {})
+    server_args = ServerArgs(**args)
+    port_args = PortArgs.init_new(server_args)
+    tp = int(getattr(server_args, "tp_size", 1) or 1)
+    return TPRunner(_sglang_rank, (server_args, port_args, num_layers), tp)
+
+
 class SGLangEngine(RunnerEngine):
     """The :class:`~draftsmith.targets.Engine` contract over SGLang (features equal the hf engine's).
 
@@ -172,4 +189,4 @@ class SGLangEngine(RunnerEngine):
         if runner is None:
             check_available()
         super().__init__(Path(resolve_target(target)), dtype)
-        self.runner: Any = runner or SGLangRunner(self.path, dtype, self._info.num_layers, engine_kwargs)
+        self.runner: Any = runner or sglang_runner(self.path, dtype, self._info.num_layers, engine_kwargs)
