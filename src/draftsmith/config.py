@@ -97,6 +97,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # optimizer steps; 0 = only at the end
     save_every: int = 0  # optimizer steps; 0 = only at the end
+    save_every_epoch: bool = False  # a checkpoint at the end of every epoch too (epoch_<E>_step_<S>, LATEST moved)
     eval_max_batches: Optional[int] = None
     spec_eval_every: int = 0  # optimizer steps; real speculative decoding on held-out prompts (hf engine); 0 = off
     spec_eval_prompts: int = 8  # held-out conversations that spec_eval_every decodes (K = draft.ttt_steps)

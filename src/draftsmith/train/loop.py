@@ -287,6 +287,7 @@ class Trainer:
         t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
+        saved_at = None  # the step of the last checkpoint written in this loop
         bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
                        unit="step")
         stop = self.step >= self.total_steps
@@ -332,11 +333,18 @@ class Trainer:
                     eval_metrics = self.evaluate()
                 if t.save_every and self.step % t.save_every == 0 and not stop:
                     last_ckpt = self.save()
+                    saved_at = self.step
                 if t.spec_eval_every and self.step % t.spec_eval_every == 0 and not stop:
                     self.spec_eval(summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
             if done >= len(mbs):
                 pos.next_epoch(self.par.global_batch)
+                # train.save_every_epoch: epoch_<E>_step_<S> at the epoch's end, resuming at the next epoch's
+                # start; not after the last epoch or a stop (the final save below is that checkpoint), nor
+                # twice for a step save_every just saved
+                if t.save_every_epoch and not stop and pos.epoch < t.epochs and saved_at != self.step:
+                    last_ckpt = self.save()
+                    saved_at = self.step
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
