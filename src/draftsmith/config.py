@@ -112,7 +112,12 @@ class TrainConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/draftsmith"
-    tensorboard: bool = True
+    tensorboard: bool = True  # <dir>/tensorboard
+    # the same scalars to Weights & Biases too (the optional extra: pip install 'draftsmith[wandb]'), rank 0 only
+    wandb: bool = False
+    wandb_project: Optional[str] = None  # null = draftsmith
+    wandb_name: Optional[str] = None  # the run's name; null = the name of output.dir
+    wandb_mode: Optional[str] = None  # online | offline | disabled; null = the WANDB_MODE variable, else online
 
 
 @dataclass
@@ -154,6 +159,9 @@ CHOICES: dict[str, tuple[str, ...]] = _Choices({
     "train.parallel": ("ddp", "fsdp2"),
     "train.optimizer": ("adamw", "muon"),
 })
+
+
+WANDB_MODES = ("online", "offline", "disabled")  # output.wandb_mode (wandb.init's mode)
 
 
 def _hint(name: str, options) -> str:
@@ -323,6 +331,13 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'target.prefetch_depth' = {cfg.target.prefetch_depth}, 'target.remote_retries' = "
                  f"{cfg.target.remote_retries}, 'target.remote_timeout_s' = {cfg.target.remote_timeout_s}: "
                  f"expected >= 0, >= 0 and > 0")
+    o = cfg.output
+    if o.wandb_mode is not None and o.wandb_mode not in WANDB_MODES:
+        p.append(f"'output.wandb_mode' = {o.wandb_mode!r}: expected one of {list(WANDB_MODES)} or null (WANDB_MODE, else online)")
+    unused = [k for k in ("wandb_project", "wandb_name", "wandb_mode") if getattr(o, k) is not None]
+    if unused and not o.wandb:
+        p.append(f"'output.{unused[0]}' is set but output.wandb is false; set output.wandb: true to log to W&B, "
+                 f"or remove {', '.join('output.' + k for k in unused)}")
     device = cfg.train.device.strip().lower()
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         p.append(f"'train.device' = {cfg.train.device!r}: expected auto, cpu, cuda or cuda:N")

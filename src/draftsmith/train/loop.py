@@ -35,6 +35,7 @@ from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import packing, parallel
 from draftsmith.train.optim import build_optimizer
 from draftsmith.train.progress import TrainBar, setup_lines
+from draftsmith.train.scalars import check_wandb, open_scalars
 from draftsmith.train.schedule import Cosine, reachable_step
 
 
@@ -92,6 +93,7 @@ class Trainer:
         if saved is not None:
             ckpt.check_family(saved, self.resumed_from, cfg.draft.type)
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
+        check_wandb(cfg.output)  # output.wandb without the package: the install hint now
         for spec in cfg.data.sources + cfg.data.eval_sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
         self._open_engine()
@@ -109,7 +111,8 @@ class Trainer:
         if saved is not None:
             self._restore(saved)
         self.padding = self._padding()
-        self.writer = self.par.writer(self.out / "tensorboard") if cfg.output.tensorboard else None  # rank 0's
+        # TensorBoard and/or W&B (train/scalars.py), rank 0's: one add_scalar reaches both
+        self.writer = open_scalars(cfg.output, self.out, cfg.to_dict()) if self.par.main else None
         if self.writer is not None:
             self.writer.add_scalar("data/padding_unpacked", self.padding.unpacked_fraction, self.step)
             self.writer.add_scalar("data/padding_packed", self.padding.packed_fraction, self.step)
