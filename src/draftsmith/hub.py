@@ -113,8 +113,8 @@ def snapshot(repo_id: str, repo_type: str = "model", allow_patterns: Optional[li
         pass
     if offline():
         raise HubError(f"hub {what} '{repo_id}' is not in the local Hugging Face cache ({cache}) and HF_HUB_OFFLINE "
-                       f"is set; fetch it with `{fetch_command(repo_id, repo_type)}` (or unset HF_HUB_OFFLINE to "
-                       f"download it on first use), or pass a local path")
+                       f"is set (nor is it a local path); fetch it with `{fetch_command(repo_id, repo_type)}` (or unset "
+                       f"HF_HUB_OFFLINE to download it on first use), or pass a local path")
     try:
         return Path(snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, allow_patterns=allow_patterns))
     except Exception as e:  # network, auth (gated repo), not found: one line, the id and the command
