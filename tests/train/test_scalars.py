@@ -120,3 +120,17 @@ def test_without_the_package_the_run_stops_at_setup_with_the_install_hint(tiny, 
     msg = str(err.value)
     assert "\n" not in msg and "pip install 'draftsmith[wandb]'" in msg and "output.wandb: false" in msg
     assert not (tmp_path / "run").exists()  # nothing written: it stopped before the target loaded
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (the optional extra: pip install 'draftsmith[wandb]')")
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    output = build_config({"output": {"dir": str(tmp_path / "run"), "tensorboard": False, "wandb": True}}).output
+    first = scalars.WandbSink(output, tmp_path / "run", {})
+    first.close()
+    assert (tmp_path / "run" / scalars.RUN_ID_FILE).read_text().strip() == first.run.id
+    again = scalars.WandbSink(output, tmp_path / "run", {}, resumed=True)
+    again.close()
+    assert again.run.id == first.run.id

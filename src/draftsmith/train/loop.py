@@ -112,7 +112,8 @@ class Trainer:
             self._restore(saved)
         self.padding = self._padding()
         # TensorBoard and/or W&B (train/scalars.py), rank 0's: one add_scalar reaches both
-        self.writer = open_scalars(cfg.output, self.out, cfg.to_dict()) if self.par.main else None
+        self.writer = (open_scalars(cfg.output, self.out, cfg.to_dict(), resumed=self.resumed_from is not None)
+                       if self.par.main else None)
         if self.writer is not None:
             self.writer.add_scalar("data/padding_unpacked", self.padding.unpacked_fraction, self.step)
             self.writer.add_scalar("data/padding_packed", self.padding.packed_fraction, self.step)

@@ -25,21 +25,35 @@ def check_wandb(output: OutputConfig) -> None:
                            "or set output.wandb: false (TensorBoard logs the same scalars)"])
 
 
+RUN_ID_FILE = "wandb_run_id"  # <output.dir>/wandb_run_id: the W&B run a --resume continues
+
+
 class WandbSink:
     """One W&B run: ``output.wandb_project`` (default ``draftsmith``), ``output.wandb_name`` (default the run
     dir's name), ``output.wandb_mode`` (online | offline | disabled; null = WANDB_MODE, else online); files
-    under ``<output.dir>/wandb`` unless WANDB_DIR says elsewhere. The run config is its W&B config."""
+    under ``<output.dir>/wandb`` unless WANDB_DIR says elsewhere. The run config is its W&B config.
 
-    def __init__(self, output: OutputConfig, out: Path, config: dict):
+    A ``resumed`` training run continues the W&B run whose id ``<output.dir>/wandb_run_id`` holds (one
+    curve across the interruption); a fresh one starts a new W&B run and records its id there."""
+
+    def __init__(self, output: OutputConfig, out: Path, config: dict, resumed: bool = False):
         check_wandb(output)
         import os
 
         import wandb
 
         wandb_dir = Path(os.environ.get("WANDB_DIR") or out)
-        wandb_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (out, wandb_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        id_file = out / RUN_ID_FILE
+        run_id = (id_file.read_text().strip() if resumed and id_file.is_file() else "") or None
         self.run = wandb.init(project=output.wandb_project or WANDB_PROJECT, name=output.wandb_name or out.resolve().name,
-                              mode=output.wandb_mode, dir=str(wandb_dir), config=config)
+                              mode=output.wandb_mode, dir=str(wandb_dir), config=config, id=run_id,
+                              resume="allow" if run_id else None)
+        if run_id is None and self.run.id:
+            tmp = out / f".{RUN_ID_FILE}.tmp-{os.getpid()}"
+            tmp.write_text(self.run.id + "\n")
+            os.replace(tmp, id_file)
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         # several tags at one step: W&B merges them into one row (a step is committed when a later one arrives)
@@ -65,15 +79,16 @@ class Scalars:
             sink.close()
 
 
-def open_scalars(output: OutputConfig, out: Path, config: dict) -> Optional[Scalars]:
-    """The sinks ``output`` asks for (TensorBoard under ``<out>/tensorboard``, W&B), or None for neither."""
+def open_scalars(output: OutputConfig, out: Path, config: dict, resumed: bool = False) -> Optional[Scalars]:
+    """The sinks ``output`` asks for (TensorBoard under ``<out>/tensorboard``, W&B), or None for neither;
+    ``resumed``: a ``--resume`` run (W&B continues the run it was cut from)."""
     sinks: list[Any] = []
     if output.tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
         sinks.append(SummaryWriter(str(out / "tensorboard")))
     if output.wandb:
-        sinks.append(WandbSink(output, out, config))
+        sinks.append(WandbSink(output, out, config, resumed))
     return Scalars(sinks) if sinks else None
 
 
