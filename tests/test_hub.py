@@ -51,21 +51,16 @@ def offline_cache(hf_home, monkeypatch):
     return hf_home
 
 
-def test_what_reads_as_a_hub_id(tmp_path):
+def test_what_reads_as_a_hub_id(tmp_path, monkeypatch):
     assert hub.is_hub_id("meta-llama/Llama-3.1-8B-Instruct")
     assert hub.is_hub_id("HuggingFaceH4/ultrachat_200k:train_sft[:200000]", dataset=True)
     assert not hub.is_hub_id("HuggingFaceH4/ultrachat_200k:train_sft[:200000]")  # a target takes no split
     for local in ("data/train.jsonl", "./org/name", "/abs/org/name", "a/b/c", "smollm2", "builtin:sharegpt"):
         assert not hub.is_hub_id(local, dataset=True), local
+    monkeypatch.chdir(tmp_path)
+    assert hub.is_hub_id("org/name")
     (tmp_path / "org" / "name").mkdir(parents=True)  # an existing local org/name directory wins
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        assert not hub.is_hub_id("org/name")
-    finally:
-        os.chdir(cwd)
+    assert not hub.is_hub_id("org/name")
     assert hub.parse_dataset_id("org/x:train[10%:]") == ("org/x", "train[10%:]")
     assert hub.parse_dataset_id("org/x") == ("org/x", None)
 
