@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class TargetConfig:
-    path: str = "smollm2"  # HF checkpoint dir, or `smollm2` for the embedded default target
+    path: str = "smollm2"  # HF checkpoint dir, hub id org/name (the local HF cache, hub.py), or `smollm2` (embedded default)
     engine: str = "hf"  # hf | vllm | sglang | remote | cache, all behind the same engine contract
     dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
@@ -57,7 +57,7 @@ class TargetConfig:
 
 @dataclass
 class DataConfig:
-    sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])
+    sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])  # files, dirs, builtin:*, hub ids org/name[:split[slice]]
     max_rows: Optional[int] = None  # seeded random subset of the conversations
     max_length: int = 512  # tokens per rendered conversation (truncated)
     # several conversations per draft row (up to max_length), attention and TTT steps within each; the same
