@@ -132,6 +132,20 @@ def save_peaked(model, tokenizer, path: str | Path) -> Path:
     return Path(path)
 
 
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_snapshot(hub_dir: str | Path, kind: str, repo_id: str) -> Path:
+    """``<hub_dir>/<kind>s--org--name/snapshots/<commit>/`` with ``refs/main`` naming it, the layout
+    `hf download` leaves in the Hugging Face hub cache (``kind``: model or dataset); returns the snapshot dir."""
+    repo = Path(hub_dir) / f"{kind}s--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(HUB_COMMIT)
+    snap = repo / "snapshots" / HUB_COMMIT
+    snap.mkdir(parents=True)
+    return snap
+
+
 def write_jsonl(path: str | Path, rows) -> Path:
     """Write ``rows`` (dicts) one JSON object per line, as chat data files are read."""
     path = Path(path)

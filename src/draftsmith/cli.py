@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Answer every user turn with the target, turn by turn (turn n sees the "
                                    "regenerated turns before it). Writes shard-NNNNNN.jsonl + manifest.json; "
                                    "rerunning the same command resumes.")
-    r.add_argument("--target", default="smollm2", help="HF checkpoint dir or `smollm2` (default)")
+    r.add_argument("--target", default="smollm2", help="HF checkpoint dir, hub id org/name (local HF cache) or `smollm2` (default)")
     r.add_argument("--data", nargs="+", required=True, metavar="SOURCE", help="data sources, as data.sources takes them")
     r.add_argument("--out", required=True, help="output dir (rerun the same command to resume)")
     r.add_argument("--engine", choices=["vllm", "hf", "url"], default=None,

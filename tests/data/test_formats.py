@@ -74,3 +74,32 @@ def test_malformed_rows_raise_with_a_kind(row, kind):
     assert err.value.kind == kind
     assert "\n" not in str(err.value)
     assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({"prompt": "q", "response": "a"}, [("user", "q"), ("assistant", "a")]),
+        ({"prompt": "q", "completion": "a", "system": "be brief"}, [("system", "be brief"), ("user", "q"), ("assistant", "a")]),
+        # Alpaca: the input joins the instruction after a blank line; an empty input adds nothing
+        ({"instruction": "Sum these.", "input": "1 2", "output": "3"}, [("user", "Sum these.\n\n1 2"), ("assistant", "3")]),
+        ({"instruction": "Say hi.", "input": "", "output": "hi"}, [("user", "Say hi."), ("assistant", "hi")]),
+        # Dolly: instruction / context / response
+        ({"instruction": "Who?", "context": "Ada wrote it.", "response": "Ada"}, [("user", "Who?\n\nAda wrote it."), ("assistant", "Ada")]),
+        # messages win over the prompt column (UltraChat rows carry both)
+        ({"prompt": "q", "messages": [{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"}]},
+         [("user", "m"), ("assistant", "n")]),
+    ],
+)
+def test_single_turn_column_layouts(row, expected):
+    assert [(m["role"], m["content"]) for m in normalize_conversation(row)] == expected
+
+
+def test_a_prompt_without_its_answer_is_a_prompt_to_regenerate():
+    assert normalize_conversation({"prompt": "q"}, require_assistant=False) == [{"role": "user", "content": "q"}]
+    with pytest.raises(DataError) as err:
+        normalize_conversation({"instruction": "q", "output": None})
+    assert err.value.kind == "no assistant message" and "row.instruction/output" in str(err.value)
+    with pytest.raises(DataError) as err:
+        normalize_conversation({"prompt": "q", "response": 7})
+    assert err.value.kind == "non-string content"

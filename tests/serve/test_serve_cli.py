@@ -130,11 +130,30 @@ def test_real_launch_gets_the_exact_argv_and_the_export(tmp_path, capsys, launch
     assert (export / "model.safetensors").is_file()
 
 
-def test_hub_draft_passes_through(capsys, launched):
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An offline HF cache holding model org/target (nothing reaches the network)."""
+    from fixtures import hub_snapshot
+
+    (hub_snapshot(tmp_path / "hf" / "hub", "model", "org/target") / "config.json").write_text("{}")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_hub_draft_passes_through(capsys, launched, hub_cache):
     code, _, _ = run(capsys, "serve", "vllm", "--target", "org/target", "--draft", "org/draft", "--num-speculative-tokens", "4")
     assert code == 0
+    assert launched[0][launched[0].index("--model") + 1] == "org/target"  # served under its id, checked in the cache
     spec = json.loads(launched[0][launched[0].index("--speculative-config") + 1])
     assert spec == {"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 4}
+
+
+def test_a_target_id_missing_from_the_offline_cache_exits_2_before_launch(capsys, launched, hub_cache):
+    code, _, err = run(capsys, "serve", "vllm", "--target", "org/other", "--draft", "org/draft", "--num-speculative-tokens", "4")
+    assert code == 2 and launched == [] and len(err.strip().splitlines()) == 1
+    assert "--target: hub model 'org/other' is not in the local Hugging Face cache" in err
+    assert "`hf download org/other`" in err
 
 
 def test_sglang_print_only_and_missing_engine(tmp_path, capsys, monkeypatch, launched):

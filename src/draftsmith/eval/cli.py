@@ -108,7 +108,7 @@ def register(subparsers) -> None:
     """Add ``eval`` and ``bench-server`` to the ``draftsmith`` sub-command parser."""
     e = subparsers.add_parser("eval", help="real speculative decoding of a trained draft with the hf target: "
                                            "tau, per-position acceptance, speedup vs plain decoding")
-    e.add_argument("--target", default=None, help="HF checkpoint dir or `smollm2` (default: the checkpoint's target)")
+    e.add_argument("--target", default=None, help="HF checkpoint dir, hub id org/name or `smollm2` (default: the checkpoint's target)")
     e.add_argument("--draft", required=True, metavar="CKPT",
                    help="run dir, checkpoint dir (epoch_<E>_step_<S>), model/consolidated or a vLLM export")
     _common(e)

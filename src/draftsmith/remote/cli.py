@@ -65,7 +65,7 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """serve-target options (shared by the CLI and `python -m draftsmith.remote.server`)."""
-    p.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
+    p.add_argument("--target", required=True, help="HF checkpoint dir, hub id org/name (local HF cache) or `smollm2`")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang", "cache"],
                    help="how the target runs here (cache: serve an offline feature cache, see --cache-dir)")
     p.add_argument("--cache-dir", default=None, help="with --engine cache: the DIR `draftsmith cache` wrote")

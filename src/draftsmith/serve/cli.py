@@ -23,8 +23,22 @@ def _fail(e: Exception) -> int:
 
 
 def _target(spec: str, dry_run: bool) -> str:
-    """``smollm2`` -> its materialised path (not materialised by a dry run); anything else untouched."""
+    """``smollm2`` -> its materialised path (not materialised by a dry run); anything else untouched.
+
+    A hub id ``org/name`` stays an id (the engine serves it under that name) but is checked against the
+    local HF cache first, and fetched there when missing and the network is on: with HF_HUB_OFFLINE set, a
+    missing id is one line naming the ``hf download`` command, not an engine traceback minutes later.
+    """
     if spec != "smollm2":
+        from draftsmith import hub
+
+        if not dry_run and hub.is_hub_id(spec):
+            from .resolve import ServeError
+
+            try:
+                hub.model_dir(spec)
+            except hub.HubError as e:
+                raise ServeError(f"--target: {e}") from None
         return spec
     from draftsmith.models import SMOLLM2_NAME, default_cache_dir, resolve_target
 

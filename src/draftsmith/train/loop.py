@@ -35,6 +35,7 @@ from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import packing, parallel
 from draftsmith.train.optim import build_optimizer
 from draftsmith.train.progress import TrainBar, setup_lines
+from draftsmith.train.scalars import check_wandb, open_scalars
 from draftsmith.train.schedule import Cosine, reachable_step
 
 
@@ -92,6 +93,7 @@ class Trainer:
         if saved is not None:
             ckpt.check_family(saved, self.resumed_from, cfg.draft.type)
         check_engine(cfg.target.engine)  # an engine that cannot run here fails now, with the reason
+        check_wandb(cfg.output)  # output.wandb without the package: the install hint now
         for spec in cfg.data.sources + cfg.data.eval_sources:
             iter_rows(spec)  # a missing file or unknown built-in fails now, not after the target loads
         self._open_engine()
@@ -109,7 +111,9 @@ class Trainer:
         if saved is not None:
             self._restore(saved)
         self.padding = self._padding()
-        self.writer = self.par.writer(self.out / "tensorboard") if cfg.output.tensorboard else None  # rank 0's
+        # TensorBoard and/or W&B (train/scalars.py), rank 0's: one add_scalar reaches both
+        self.writer = (open_scalars(cfg.output, self.out, cfg.to_dict(), resumed=self.resumed_from is not None)
+                       if self.par.main else None)
         if self.writer is not None:
             self.writer.add_scalar("data/padding_unpacked", self.padding.unpacked_fraction, self.step)
             self.writer.add_scalar("data/padding_packed", self.padding.packed_fraction, self.step)
@@ -287,6 +291,7 @@ class Trainer:
         t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
+        saved_at = None  # the step of the last checkpoint written in this loop
         bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
                        unit="step")
         stop = self.step >= self.total_steps
@@ -332,11 +337,18 @@ class Trainer:
                     eval_metrics = self.evaluate()
                 if t.save_every and self.step % t.save_every == 0 and not stop:
                     last_ckpt = self.save()
+                    saved_at = self.step
                 if t.spec_eval_every and self.step % t.spec_eval_every == 0 and not stop:
                     self.spec_eval(summary.get("simulated_tau"))
             sups.close()  # an early stop abandons prefetched requests
             if done >= len(mbs):
                 pos.next_epoch(self.par.global_batch)
+                # train.save_every_epoch: epoch_<E>_step_<S> at the epoch's end, resuming at the next epoch's
+                # start; not after the last epoch or a stop (the final save below is that checkpoint), nor
+                # twice for a step save_every just saved
+                if t.save_every_epoch and not stop and pos.epoch < t.epochs and saved_at != self.step:
+                    last_ckpt = self.save()
+                    saved_at = self.step
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save

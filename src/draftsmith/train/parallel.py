@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
@@ -286,14 +285,6 @@ class DataParallel:
         result = fn() if self.main else default
         dist.barrier()
         return result
-
-    def writer(self, log_dir: Path) -> Any:
-        """A TensorBoard writer on rank 0, None on the others."""
-        if not self.main:
-            return None
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter(str(log_dir))
 
     # ------------------------------------------------------------------ resume
     def resume(self, meta: dict, n_train: int, n_rng: int) -> tuple[Position, Optional[str]]:
