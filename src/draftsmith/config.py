@@ -391,6 +391,10 @@ def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = Non
             raise ConfigError([f"invalid YAML{where}: {getattr(e, 'problem', e)}"], source) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"top level must be a mapping of sections {sorted(SECTIONS)}"], source)
+    if "recipe_args" in raw:  # a NeMo AutoModel recipe as it is: its keys mapped onto ours (recipe.py)
+        from draftsmith.recipe import map_recipe
+
+        raw = map_recipe(raw, source).raw
     over = parse_overrides(overrides or [])
     raw = _switch_family(raw, over.get("draft") or {})
     for sec, kv in over.items():
