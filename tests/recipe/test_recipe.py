@@ -93,7 +93,7 @@ def test_recipe_keeps_automodel_defaults_and_its_schedule(tmp_path, tiny):
 
     target, data = tiny
     eagle = load_config(write(tmp_path / "e.yaml", recipe("eagle3", target, data, tmp_path / "e", max_grad_norm=2.0)))
-    assert (eagle.train.max_grad_norm, eagle.train.warmup_ratio, eagle.train.min_lr_ratio) == (2.0, 0.05, 0.1)
+    assert (eagle.train.max_grad_norm, eagle.train.warmup_fraction, eagle.train.min_lr_ratio) == (2.0, 0.05, 0.1)
     assert (eagle.train.seed, eagle.data.eval_size, eagle.train.batch_size, eagle.draft.ttt_steps) == (42, 0, 2, 2)
     body = recipe("dflash", target, data, tmp_path / "d")
     del body["recipe_args"]["num_anchors"], body["recipe_args"]["draft_num_hidden_layers"]

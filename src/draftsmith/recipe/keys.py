@@ -117,7 +117,7 @@ HINTS = {  # why an AutoModel key has no equivalent, and what to do instead
 DEFAULTS: list[tuple[str, str, Optional[str], Any]] = [  # (AutoModel key, draftsmith key, scope, value)
     ("recipe_args.max_grad_norm", "train.max_grad_norm", None, 1.0),
     ("recipe_args.shuffle_seed", "train.seed", None, 42),
-    ("optimizer.warmup_ratio", "train.warmup_ratio", None, 0.05),
+    ("optimizer.warmup_ratio", "train.warmup_fraction", None, 0.05),
     ("optimizer.min_lr_ratio", "train.min_lr_ratio", None, 0.1),
     ("recipe_args.draft_vocab_size", "data.draft_vocab_size", "eagle", None),  # None: the full target vocab
     ("recipe_args.num_draft_layers", "draft.num_draft_layers", PARALLEL_FAMILY, 1),
@@ -127,5 +127,5 @@ DEFAULTS: list[tuple[str, str, Optional[str], Any]] = [  # (AutoModel key, draft
     ("recipe_args.pure_draft_prefix_len", "draft.pure_draft_prefix_len", "domino", 1),
 ]
 OPTIMIZER = {"lr": "train.lr", "betas": "train.betas", "weight_decay": "train.weight_decay",
-             "warmup_ratio": "train.warmup_ratio", "min_lr_ratio": "train.min_lr_ratio"}
+             "warmup_ratio": "train.warmup_fraction", "min_lr_ratio": "train.min_lr_ratio"}
 PARALLEL_SIZES = ("tp_size", "cp_size", "pp_size", "ep_size", "dp_size", "dp_replicate_size")

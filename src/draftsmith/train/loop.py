@@ -178,8 +178,8 @@ class Trainer:
             self.total_steps = min(self.total_steps, t.max_steps)
         # The cosine ends at total_steps, or where train.max_time_s is expected to stop the run
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
-        # warmup_ratio as AutoModel counts it: max(1, int(ratio x total)) steps
-        warmup = t.warmup_steps if t.warmup_ratio is None else max(1, int(t.warmup_ratio * self.total_steps))
+        # warmup_fraction as AutoModel counts its warmup_ratio: max(1, int(ratio x total)) steps
+        warmup = t.warmup_steps if t.warmup_fraction is None else max(1, int(t.warmup_fraction * self.total_steps))
         self.schedule = Cosine(warmup, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.step = 0
