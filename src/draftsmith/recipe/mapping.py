@@ -73,7 +73,6 @@ class _Mapper:
         return cls is not None and key in typing.get_type_hints(cls)
 
 
-
 def is_recipe(raw: Any) -> bool:
     """True when a parsed YAML mapping is an AutoModel recipe (it has a ``recipe_args`` block)."""
     return isinstance(raw, dict) and "recipe_args" in raw
@@ -81,7 +80,7 @@ def is_recipe(raw: Any) -> bool:
 
 def _family(raw: dict, source: str) -> tuple[str, str]:
     recipe = raw.get("recipe", EAGLE_RECIPE)
-    if recipe not in RECIPE_FAMILIES:
+    if not isinstance(recipe, str) or recipe not in RECIPE_FAMILIES:
         raise ConfigError([f"AutoModel key recipe = {recipe!r}: draftsmith trains the recipes "
                            f"{', '.join(RECIPE_FAMILIES)} (EAGLE-3, P-EAGLE via parallel_drafting, DFlash, JetSpec, "
                            f"Domino); convert this one by hand"], source)
@@ -119,7 +118,9 @@ def _recipe_args(mp: _Mapper, ra: dict, recipe: str, family: str) -> None:
                 mp.bad(src, value, f"draft.type {family} takes no {dest}; remove it" if dest.startswith("draft.")
                        else f"its draftsmith key {dest} is not in this build")
             else:
-                mp.put(src, dest, conv(value) if conv else value)
+                unused = key == "ttt_steps" and family == PARALLEL_FAMILY
+                mp.put(src, dest, conv(value) if conv else value,
+                       "unused by P-EAGLE, whose K is num_depths (as in AutoModel)" if unused else "")
         elif key in NO_EFFECT and (key not in EAGLE_ONLY or recipe == EAGLE_RECIPE) \
                 and (key not in BLOCK_ONLY or recipe != EAGLE_RECIPE):
             ok, note = NO_EFFECT[key]
@@ -127,20 +128,23 @@ def _recipe_args(mp: _Mapper, ra: dict, recipe: str, family: str) -> None:
                 mp.keep(src, value, note)
             else:
                 mp.bad(src, value, HINTS.get(key, "no draftsmith equivalent; remove it"))
-        elif key in ("train_data_path", "train_split"):
-            if key == "train_data_path":
-                if value is None:
-                    mp.bad(src, value, "required: a .jsonl file, a directory or a hub dataset id")
-                else:
-                    mp.put(src + (" + train_split" if ra.get("train_split") is not None else ""), "data.sources",
-                           [_data_spec(value, ra.get("train_split"))])
-            elif "train_data_path" not in given:
-                mp.bad(src, value, "given without train_data_path")
-        elif key in ("val_data_path", "val_split"):
-            if key == "val_split" or value is None:
-                continue  # with val_data_path below; null: no validation set (written below)
-            mp.put(src + (" + val_split" if ra.get("val_split") is not None else ""), "data.eval_sources",
-                   [_data_spec(value, ra.get("val_split"))], "held-out rows from it; data.eval_size ignored")
+        elif key in ("train_split", "val_split"):  # printed with their data path's line when they are set
+            path = ra.get(key.replace("split", "data_path"))
+            if value is None:
+                mp.keep(src, value, "the whole source")
+            elif path is None:
+                mp.bad(src, value, f"given without {key.replace('split', 'data_path')}; remove it")
+        elif key == "train_data_path":
+            if value is None:
+                mp.bad(src, value, "required: a .jsonl file, a directory or a hub dataset id")
+            else:
+                split = ra.get("train_split")
+                mp.put(src + (" + train_split" if split is not None else ""), "data.sources", [_data_spec(value, split)])
+        elif key == "val_data_path":
+            split = ra.get("val_split")
+            if value is not None:  # null: no validation set, written below
+                mp.put(src + (" + val_split" if split is not None else ""), "data.eval_sources",
+                       [_data_spec(value, split)], "held-out rows from it; data.eval_size ignored")
         elif key in ("aux_layer_ids", "target_layer_ids"):
             if (key == "aux_layer_ids") != (recipe == EAGLE_RECIPE):
                 mp.bad(src, value, f"{recipe} does not read it; remove it")
