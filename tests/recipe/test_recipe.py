@@ -165,3 +165,20 @@ def test_convert_recipe_round_trips(tmp_path, capsys, tiny, kind):
     bad = write(tmp_path / "bad.yaml", {**recipe(kind, target, data, tmp_path / "out"), "fp8": {"enabled": True}})
     assert main(["convert-recipe", str(bad), str(tmp_path / "bad_out.yaml")]) == EXIT_BAD_INPUT
     assert "AutoModel key fp8" in capsys.readouterr().err and not (tmp_path / "bad_out.yaml").exists()
+
+
+def test_converted_config_trains_the_same_draft(tmp_path, tiny):
+    """`draftsmith train OUT` after convert-recipe runs as `draftsmith train RECIPE` does: the same weights."""
+    from safetensors.torch import load_file
+
+    target, data = tiny
+    src = write(tmp_path / "recipe.yaml", recipe("dflash", target, data, tmp_path / "out"))
+    dst = tmp_path / "converted.yaml"
+    assert main(["convert-recipe", str(src), str(dst)]) == 0
+    weights = []
+    for config, out in ((src, "a"), (dst, "b")):
+        assert main(["train", str(config), "--no-progress", "--set", "train.num_threads=1",
+                     "--set", f"output.dir={tmp_path / out}"]) == 0
+        weights.append(load_file(tmp_path / out / "checkpoints" / "epoch_0_step_4" / MODEL_SUBDIR / "model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(weights[0][k].equal(weights[1][k]) for k in weights[0])
