@@ -10,6 +10,7 @@ import pytest
 
 from draftsmith.cli import EXIT_BAD_INPUT, main
 from draftsmith.config import ConfigError, load_config
+from draftsmith.drafts import get_family
 from draftsmith.layout import MODEL_SUBDIR
 from draftsmith.recipe import map_recipe
 from fixtures import make_tiny_llama, make_tokenizer, write_chats
@@ -78,6 +79,7 @@ def test_recipe_trains_and_exports_engine_ids(tmp_path, capsys, tiny, kind):
     meta = json.loads((ckpt / "meta.json").read_text())
     exported = json.loads((ckpt / MODEL_SUBDIR / "config.json").read_text())
     assert meta["draft_type"] == kind and meta["aux_layer_ids"] == engine
+    assert get_family(kind).layer_ids_from_export(exported) == engine  # what eval / serve read back
     if kind == "dflash":  # the DFlash config.json keeps AutoModel's own convention: id j = output of layer j
         assert exported["dflash_config"]["target_layer_ids"] == AUX[kind]
         assert exported["dflash_config"]["mask_token_id"] == MASK and exported["num_hidden_layers"] == 2
