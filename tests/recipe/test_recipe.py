@@ -122,6 +122,12 @@ def test_keys_map_as_documented():
                                     "prefetch_depth": 0, "remote_timeout_s": 120.0, "remote_retries": 3}
     assert remote.family == "eagle3"  # no `recipe`: AutoModel's EAGLE-3 recipe
     assert any("(AutoModel default) -> target.prefetch_depth = 0" in str(line) for line in remote.lines)
+    # off switches change nothing here: accepted, printed as such, nothing set
+    off = map_recipe({"recipe_args": base, "compile": {"enabled": False}, "rng": {"seed": 1},
+                      "checkpoint": {"save_consolidated": False}, "distributed": {"sequence_parallel": False,
+                                                                                  "cp_size": 1}})
+    assert "compile = {'enabled': False} -> (no draftsmith key: off)" in off.text()
+    assert off.raw["train"]["seed"] == 42 and "parallel" not in off.raw["train"]  # rng.seed is not AutoModel's seed
 
 
 def test_unsupported_keys_are_listed_at_once(tmp_path, capsys, tiny):

@@ -111,6 +111,7 @@ HINTS = {  # why an AutoModel key has no equivalent, and what to do instead
     "peft": "LoRA drafts are not built; remove the section",
     "fp8": "FP8 draft compute is not built; remove the section",
     "compile": "torch.compile of the draft is not built; remove the section",
+    "wandb": "W&B logging is not in this build (TensorBoard is: output.tensorboard); remove the section",
 }
 
 # AutoModel's defaults where draftsmith's differ: written when the recipe does not give the key

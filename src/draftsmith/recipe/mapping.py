@@ -235,8 +235,8 @@ def _checkpoint(mp: _Mapper, ck: Any, ra: dict) -> None:
                     else "draftsmith saves checkpoints")
         elif key == "model_save_format" and value == "safetensors":
             mp.keep(src, value, "draftsmith saves safetensors")
-        elif key == "save_consolidated" and value is True:
-            mp.keep(src, value, "draftsmith saves the consolidated draft (model/consolidated)")
+        elif key == "save_consolidated" and isinstance(value, bool):
+            mp.keep(src, value, "draftsmith always saves the consolidated draft (model/consolidated)")
         elif key == "checkpoint_dir":
             path = Path(str(value))
             if out_dir is not None and path == Path(str(out_dir)) / "checkpoints":
@@ -266,9 +266,12 @@ def _distributed(mp: _Mapper, dist: Any) -> None:
                 mp.bad(src, value, "expected ddp or fsdp2")
         elif key in PARALLEL_SIZES and value in (None, 1):
             mp.keep(src, value, "one-way: no tensor, context, pipeline or expert parallelism")
+        elif key in ("sequence_parallel", "activation_checkpointing") and value in (False, None):
+            mp.keep(src, value, "off; they concern the sharded target, which draftsmith does not shard")
         elif key in PARALLEL_SIZES:
-            mp.bad(src, value, "the hf engine does not shard the target; use target_model_backend vllm/sglang "
-                               "with target.tp_size, or remote serve-target processes")
+            mp.bad(src, value, "draftsmith does not shard the hf target over ranks; target.device_map: auto spreads "
+                               "it over one process's GPUs, or use target_model_backend vllm/sglang (target.tp_size) "
+                               "or remote serve-target processes")
         else:
             mp.bad(src, value, "no draftsmith equivalent; remove it")
 
@@ -299,6 +302,8 @@ def map_recipe(raw: dict, source: str = "recipe") -> RecipeMapping:
             mp.keep(sec, value, "AutoModel's speculative recipes seed from recipe_args.shuffle_seed")
         elif sec == "wandb" and mp.has("output.wandb"):
             mp.put(sec, "output.wandb", value)
+        elif sec in ("fp8", "compile") and isinstance(value, dict) and value.get("enabled") is False:
+            mp.keep(sec, value, "off")
         else:
             mp.bad(sec, value if not isinstance(value, dict) else {k: "..." for k in value},
                    HINTS.get(sec, "no draftsmith equivalent; remove the section"))
