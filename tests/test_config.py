@@ -35,9 +35,10 @@ def test_unknown_section_and_type_errors_reported_together():
 
 def test_value_ranges():
     with pytest.raises(ConfigError) as e:
-        build_config({"train": {"batch_size": 0, "lr": -1.0}, "data": {"sources": []}})
+        build_config({"train": {"batch_size": 0, "lr": -1.0, "warmup_fraction": 1.0}, "data": {"sources": []}})
     msg = str(e.value)
     assert "'train.batch_size' = 0" in msg and "'train.lr' = -1.0" in msg and "'data.sources' is empty" in msg
+    assert "'train.warmup_fraction' = 1.0: expected a fraction in [0, 1)" in msg
 
 
 def test_int_accepted_for_float_and_bool_not_for_int():

@@ -62,9 +62,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return exec_torchrun(args.nproc, args.argv)
 
     cfg = load_config(args.config, args.set + ([f"target.engine={args.engine}"] if args.engine else []))
-    result = train(cfg, resume=args.resume, progress=not args.no_progress, announce=print)
     from draftsmith.distributed import ranks_from_env
+    from draftsmith.recipe import read_recipe
 
+    mapping = read_recipe(args.config) if args.config else None  # an AutoModel recipe: say how it was read
+    if mapping is not None and ranks_from_env().main:
+        print(mapping.text())
+    result = train(cfg, resume=args.resume, progress=not args.no_progress, announce=print)
     if not ranks_from_env().main:  # rank 0 reports for the whole job
         return 0
     ev = result.eval
@@ -159,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"draftsmith {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a draft from a YAML run config")
-    t.add_argument("config", nargs="?", default=None, help="YAML run config (see examples/); defaults apply when omitted")
+    t = sub.add_parser("train", help="train a draft from a YAML run config (or a NeMo AutoModel recipe as it is)")
+    t.add_argument("config", nargs="?", default=None, help="YAML run config (see examples/) or an AutoModel EAGLE-3 / "
+                                                          "P-EAGLE / DFlash-family recipe; defaults apply when omitted")
     t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     t.add_argument("--resume", nargs="?", const="__output__", default=None, metavar="CKPT",
                    help="resume from CKPT (a checkpoint dir or run dir); bare --resume uses LATEST under output.dir")
@@ -234,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.remote.cli import register as register_remote
     from draftsmith.serve.cli import register as register_serve
 
+    from draftsmith.recipe import register as register_recipe
+
+    register_recipe(sub)
     register_eval(sub)
     register_serve(sub)
     register_remote(sub)

@@ -86,6 +86,7 @@ class TrainConfig:
     muon_weight_decay: Optional[float] = None  # null = train.weight_decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_steps: int = 0
+    warmup_fraction: Optional[float] = None  # warm up over this fraction of the optimizer steps instead (AutoModel's warmup_ratio); null = warmup_steps
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     max_grad_norm: float = 0.5  # 0 disables clipping
     bf16: Optional[bool] = None  # bf16 autocast for the draft; null = on for CUDA, off on the CPU
@@ -286,6 +287,9 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
                  f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
     p += cfg.draft.problems()  # the family's own value ranges (drafts/<family>/config.py)
+    if cfg.train.warmup_fraction is not None and not 0 <= cfg.train.warmup_fraction < 1:
+        p.append(f"'train.warmup_fraction' = {cfg.train.warmup_fraction}: expected a fraction in [0, 1) of the "
+                 f"optimizer steps, or null for train.warmup_steps")
     if cfg.train.lr <= 0:
         p.append(f"'train.lr' = {cfg.train.lr}: expected > 0")
     if cfg.train.muon_lr is not None and cfg.train.muon_lr <= 0:
@@ -403,6 +407,10 @@ def load_config(path: Optional[str | Path], overrides: Optional[list[str]] = Non
             raise ConfigError([f"invalid YAML{where}: {getattr(e, 'problem', e)}"], source) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"top level must be a mapping of sections {sorted(SECTIONS)}"], source)
+    if "recipe_args" in raw:  # a NeMo AutoModel recipe as it is: its keys mapped onto ours (recipe.py)
+        from draftsmith.recipe import map_recipe
+
+        raw = map_recipe(raw, source).raw
     over = parse_overrides(overrides or [])
     raw = _switch_family(raw, over.get("draft") or {})
     for sec, kv in over.items():

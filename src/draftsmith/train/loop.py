@@ -182,7 +182,9 @@ class Trainer:
             self.total_steps = min(self.total_steps, t.max_steps)
         # The cosine ends at total_steps, or where train.max_time_s is expected to stop the run
         # (fit_schedule), so a time-bound run still anneals instead of stopping at a high LR.
-        self.schedule = Cosine(t.warmup_steps, self.total_steps, t.min_lr_ratio)
+        # warmup_fraction as AutoModel counts its warmup_ratio: max(1, int(ratio x total)) steps
+        warmup = t.warmup_steps if t.warmup_fraction is None else max(1, int(t.warmup_fraction * self.total_steps))
+        self.schedule = Cosine(warmup, self.total_steps, t.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.step = 0
         self.pos = parallel.Position(group_batch=global_batch)  # where the data order stands
@@ -396,7 +398,7 @@ class Trainer:
         """End the cosine at the step train.max_time_s is expected to stop at (re-estimated every
         ``every`` steps from the measured step time, never beyond total_steps)."""
         t = self.cfg.train
-        if done % every or self.step <= t.warmup_steps:
+        if done % every or self.step <= self.schedule.warmup:
             return
         self.schedule.refit(self.step, reachable_step(self.step, self.total_steps, t.max_time_s, elapsed, done))
 
