@@ -113,6 +113,16 @@ def test_an_error_inside_restores_the_terminal(tmp_path, capfd):
             raise RuntimeError("engine failed")
     os.write(1, b"terminal again\n")
     assert capfd.readouterr().out == "terminal again\n" and console.log_path() is None
+    assert not (tmp_path / "e.log").exists()  # refused before any engine spoke: nothing left behind
+    with pytest.raises(ValueError):
+        with console.engine_logs(tmp_path / "new" / "dir" / "f.log"):
+            raise ValueError("bad --device")
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(RuntimeError):
+        with console.engine_logs(tmp_path / "g.log"):
+            os.write(2, b"engine traceback\n")
+            raise RuntimeError("engine failed")
+    assert (tmp_path / "g.log").read_text() == "engine traceback\n"  # what explains the failure stays
 
 
 def test_rank_log_names(monkeypatch):

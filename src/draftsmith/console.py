@@ -73,7 +73,9 @@ def engine_logs(path: str | os.PathLike) -> Iterator[Path]:
         yield _active["path"]
         return
     path = Path(path)
+    made = [d for d in [path.parent, *path.parent.parents] if not d.exists()]  # removed again if nothing is said
     path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
@@ -93,8 +95,12 @@ def engine_logs(path: str | os.PathLike) -> Iterator[Path]:
     sys.stdout = sys.stderr = log
     warnings.showwarning = show
     _active = {"path": path, "out": term_out, "err": term_err}
+    failed = False
     try:
         yield path
+    except BaseException:
+        failed = True
+        raise
     finally:
         _active = None
         log.flush()
@@ -111,6 +117,12 @@ def engine_logs(path: str | os.PathLike) -> Iterator[Path]:
         # at shutdown too, stays out of the terminal. Otherwise the stream is done.
         if not any(getattr(h, "stream", None) is log for h in _handlers()):
             log.close()
+            # a command refused before any engine started (bad input) leaves nothing behind
+            if failed and not existed and path.stat().st_size == 0:
+                path.unlink()
+                for d in made:  # innermost first
+                    if not any(d.iterdir()):
+                        d.rmdir()
 
 
 def _handlers() -> list[logging.Handler]:
