@@ -162,3 +162,15 @@ def test_phase_bar_resumed_counts_only_this_runs_rate():
     bar.update(10)  # 10 rows in 10 s this run; 40 left -> 40 s (the 50 from before are not this run's rate)
     assert str(bar).endswith("60/100 row [00:10 elapsed, ETA 00:40]")
     bar.close()
+
+
+def test_phase_bar_eta_leaves_the_engine_start_out():
+    clock = [0.0]
+    bar = console.PhaseBar(300, unit="answers", file=io.StringIO(), clock=lambda: clock[0])
+    bar.set_postfix_str("starting vllm")
+    clock[0] = 60.0  # a minute to start the engine
+    bar.work_started()
+    clock[0] = 90.0
+    bar.update(100)  # 100 answers in the 30 s since: 200 left -> 60 s, not 200 * 90 / 100
+    assert str(bar).endswith("100/300 answers [01:30 elapsed, ETA 01:00, starting vllm]")
+    bar.close()

@@ -150,6 +150,9 @@ class PhaseBar(tqdm):
     phase's average rate (smoothing 0: an ETA that does not swing with the last few items) and the
     ETA spelled out. ``clock`` replaces tqdm's ``time.time`` (tests)."""
 
+    work_t: Optional[float] = None  # when the work itself began (work_started); class-level: tqdm's
+    work_n = 0  # __init__ already draws the bar
+
     FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed} elapsed, ETA {eta}{postfix}]"
 
     def __init__(self, total: Optional[int] = None, *, clock: Optional[Callable[[], float]] = None, **kwargs):
@@ -161,6 +164,12 @@ class PhaseBar(tqdm):
             self._time = clock
             self.start_t = self.last_print_t = clock()
 
+    def work_started(self) -> None:
+        """The phase's set-up (an engine starting) is over: the ETA's rate counts from here, while
+        the elapsed time shown stays the whole phase's."""
+        if not self.disable:
+            self.work_t, self.work_n = self._time(), self.n
+
     @property
     def format_dict(self):
         d = super().format_dict
@@ -170,8 +179,14 @@ class PhaseBar(tqdm):
     def eta_text(self, d: dict) -> str:
         """Seconds left at the phase's average rate, as tqdm formats intervals; ``?`` before any
         progress, ``00:00`` once done."""
-        n, total, elapsed = d["n"], d["total"], d["elapsed"]
-        if total is None or n <= self.initial or elapsed <= 0:
-            return "?" if not (total is not None and n >= total) else "00:00"
-        return self.format_interval(max(0.0, (total - n) * elapsed / (n - self.initial)))
+        n, total = d["n"], d["total"]
+        if self.work_t is None:
+            elapsed, first = d["elapsed"], self.initial
+        else:
+            elapsed, first = self._time() - self.work_t, self.work_n
+        if total is not None and n >= total:
+            return "00:00"
+        if total is None or n <= first or elapsed <= 0:
+            return "?"
+        return self.format_interval(max(0.0, (total - n) * elapsed / (n - first)))
 

@@ -337,8 +337,15 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     def work() -> int:
         if not todo:
             return 0  # no engine to load: this rank's shards are all on disk
-        gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
-        return _write_shards(gen, out, plan, todo, s, progress and ranks.main, tags)
+        # the bar first: an engine's start (a minute for vLLM on CPU) shows as the bar's first item
+        bar = _answers_bar(plan, todo, s, progress and ranks.main)
+        bar.set_postfix_str(f"starting {s.engine}")
+        try:
+            gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
+        except BaseException:
+            bar.close()
+            raise
+        return _write_shards(gen, out, plan, todo, s, bar, tags)
 
     tokens = ranked.gather(ranks, work, RegenError, f"fix it and rerun the same command to finish {out}")
     extra = {"source_rows": report.total, "source_bad_rows": report.bad}
@@ -418,8 +425,19 @@ def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: st
     return HFGenerator(target, s, dtype=dtype, device=device)
 
 
+def _turns(plan: list, index: int, s: RegenSettings) -> int:
+    """The user turns shard ``index`` plans to answer."""
+    return sum(len(segs) for _, segs in plan[index * s.shard_size:(index + 1) * s.shard_size])
+
+
+def _answers_bar(plan: list, todo: list[int], s: RegenSettings, progress: bool) -> console.PhaseBar:
+    """The bar over the answers the shards ``todo`` plan (fixed total; see :func:`_write_shards`)."""
+    return console.PhaseBar(sum(_turns(plan, i, s) for i in todo), disable=not progress, desc="regenerate",
+                            unit="answers")
+
+
 def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,
-                  progress: bool, tags: Optional[list[dict]] = None) -> int:
+                  bar: console.PhaseBar, tags: Optional[list[dict]] = None) -> int:
     """Regenerate and write the shards ``todo`` (this rank's); the tokens generated.
 
     The bar counts answers: its total, the user turns the shards plan to answer, is fixed at the
@@ -427,9 +445,10 @@ def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], 
     not answered (its prompt too long, which ends its conversation) counts as done when its round
     passes, so the bar ends full."""
     def turns(index: int) -> int:
-        return sum(len(segs) for _, segs in plan[index * s.shard_size:(index + 1) * s.shard_size])
+        return _turns(plan, index, s)
 
-    bar = console.PhaseBar(sum(turns(i) for i in todo), disable=not progress, desc="regenerate", unit="answers")
+    bar.set_postfix_str("", refresh=False)
+    bar.work_started()  # the engine is up: the ETA's rate leaves its start-up out
     generator.on_answer = bar.update
     new_tokens, t_gen = 0, time.perf_counter()
     try:
