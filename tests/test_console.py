@@ -174,3 +174,20 @@ def test_phase_bar_eta_leaves_the_engine_start_out():
     bar.update(100)  # 100 answers in the 30 s since: 200 left -> 60 s, not 200 * 90 / 100
     assert str(bar).endswith("100/300 answers [01:30 elapsed, ETA 01:00, starting vllm]")
     bar.close()
+
+
+def test_forwarding_counts_what_a_library_reports(capfd):
+    # driven the way vllm.LLM.generate drives its use_tqdm factory: prompts rendered through it,
+    # then total=, update(n) per finished request, format_dict["elapsed"], postfix, n, refresh, close
+    got = []
+    assert list(console.Forwarding([1, 2, 3], desc="Rendering prompts", on_update=got.append)) == [1, 2, 3]
+    bar = console.Forwarding(total=3, desc="Processed prompts", dynamic_ncols=True, postfix="est. speed",
+                             on_update=got.append)
+    bar.update(1)
+    assert bar.format_dict["elapsed"] >= 0
+    bar.postfix = "est. speed input: 1.00 toks/s"
+    bar.update(2)
+    assert bar.n == 3 and got == [1, 2]
+    bar.refresh()
+    bar.close()
+    assert capfd.readouterr() == ("", "")  # drawn nowhere

@@ -190,3 +190,28 @@ class PhaseBar(tqdm):
             return "?"
         return self.format_interval(max(0.0, (total - n) * elapsed / (n - first)))
 
+
+
+class _Nowhere:
+    """A text stream that keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class Forwarding(tqdm):
+    """A tqdm that draws nowhere and passes each ``update(n)`` to ``on_update``: what a library that
+    takes a tqdm factory drives, counted on our own bar. ``vllm.LLM.generate(use_tqdm=factory)``
+    reads its ``n``, ``format_dict`` and ``postfix`` (so a real tqdm) and also wraps its prompt
+    rendering in the factory (an iterable: no update calls)."""
+
+    def __init__(self, *args, on_update: Callable[[int], None], **kwargs):
+        self.on_update = on_update
+        super().__init__(*args, **{**kwargs, "file": _Nowhere()})
+
+    def update(self, n=1):
+        self.on_update(n)
+        return super().update(n)

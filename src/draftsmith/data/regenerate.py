@@ -42,8 +42,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from tqdm import tqdm
-
 from draftsmith import console, ranked
 from draftsmith.cache.store import target_fingerprint
 # the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
@@ -213,7 +211,7 @@ class VLLMGenerator(_Rendered):
         params = [SamplingParams(temperature=self.s.temperature, top_p=self.s.top_p, max_tokens=self.s.max_new_tokens,
                                  seed=seed, skip_special_tokens=True) for seed in seeds]
         # use_tqdm takes a tqdm factory: ours draws nothing and counts each finished request on our bar
-        counter = functools.partial(_FinishedRequests, on_answer=self.on_answer) if self.on_answer else False
+        counter = functools.partial(console.Forwarding, on_update=self.on_answer) if self.on_answer else False
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=self.prompt_ids(c)) for c in conversations], params,
                                  use_tqdm=counter)
         # Decode the ids ourselves, as the hf engine does: vLLM's incremental detokenizer holds back a
@@ -222,31 +220,6 @@ class VLLMGenerator(_Rendered):
 
     def close(self) -> None:
         self.llm = None
-
-
-class _Nowhere:
-    """A text stream that keeps nothing."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-class _FinishedRequests(tqdm):
-    """The progress object ``vllm.LLM.generate(use_tqdm=factory)`` drives: a tqdm that draws nowhere
-    (vLLM reads its ``n``, ``format_dict`` and ``postfix``, so a real one), each ``update(n)`` (n
-    requests finished) also passed to ``on_answer``. vLLM wraps its prompt rendering in the same
-    factory (an iterable: no update calls)."""
-
-    def __init__(self, *args, on_answer: Callable[[int], None], **kwargs):
-        self.on_answer = on_answer
-        super().__init__(*args, **{**kwargs, "file": _Nowhere()})
-
-    def update(self, n=1):
-        self.on_answer(n)
-        return super().update(n)
 
 
 class URLGenerator(Generator):
