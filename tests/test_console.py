@@ -11,6 +11,7 @@ import logging.config
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -191,3 +192,16 @@ def test_forwarding_counts_what_a_library_reports(capfd):
     bar.refresh()
     bar.close()
     assert capfd.readouterr() == ("", "")  # drawn nowhere
+
+
+def test_ticking_redraws_while_an_engine_starts():
+    clock = [0.0]
+    out = io.StringIO()
+    bar = console.PhaseBar(10, unit="answers", file=out, clock=lambda: clock[0])
+    drawn = out.getvalue().count("\r")
+    with bar.ticking(every=0.01):
+        for t in range(1, 6):
+            clock[0] = float(t)
+            time.sleep(0.05)
+    assert out.getvalue().count("\r") > drawn and "[00:05 elapsed" in out.getvalue().rsplit("\r", 1)[1]
+    bar.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -163,6 +164,29 @@ class PhaseBar(tqdm):
         if clock is not None:
             self._time = clock
             self.start_t = self.last_print_t = clock()
+
+    @contextmanager
+    def ticking(self, every: Optional[float] = None) -> Iterator[None]:
+        """Redraw every ``every`` seconds while inside (default 1 s on a terminal, 10 s into a file or
+        pipe): an engine that takes minutes to start shows a clock that moves, not a frozen bar."""
+        if self.disable:
+            yield
+            return
+        if every is None:
+            every = 1.0 if getattr(self.fp, "isatty", lambda: False)() else 10.0
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(every):
+                self.refresh()
+
+        thread = threading.Thread(target=tick, name="PhaseBar.ticking", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def work_started(self) -> None:
         """The phase's set-up (an engine starting) is over: the ETA's rate counts from here, while

@@ -314,7 +314,8 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         bar = _answers_bar(plan, todo, s, progress and ranks.main)
         bar.set_postfix_str(f"starting {s.engine}")
         try:
-            gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
+            with bar.ticking():
+                gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
         except BaseException:
             bar.close()
             raise

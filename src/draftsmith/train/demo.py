@@ -244,8 +244,9 @@ def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, di
         bar.update(1)
 
     try:
-        results = measure(target, {"draft": resolve_draft(str(ckpt))}, CHECK_K["draft"], prompts, CHECK_TOKENS,
-                          ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check", progress=done)
+        with bar.ticking():  # a server takes a minute or more to start here
+            results = measure(target, {"draft": resolve_draft(str(ckpt))}, CHECK_K["draft"], prompts, CHECK_TOKENS,
+                              ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check", progress=done)
     finally:
         bar.close()
     best = best_by_kind(results)
