@@ -6,7 +6,8 @@ Runs the EAGLE-3 feature request the trainer makes (default aux ids + logits) ov
 ShareGPT conversations, first with the hf engine, then with the vllm engine (extract_hidden_states +
 logits rebuilt from id L), and prints real tokens/s for each, vLLM's start-up time separately, and
 the largest logits difference between the two (a parity check on a real target).
-Needs the __main__ guard: the vllm engine spawns workers.
+Needs the __main__ guard: the vllm engine spawns workers. What the engines print (vLLM's start-up,
+warnings) goes to ``--log`` (default runs/bench/engine_features.log), not to the terminal.
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--log", default="runs/bench/engine_features.log", help="where the engines' own output goes")
     args = ap.parse_args()
+    from draftsmith import console
+
+    print(f"engine logs (vLLM, transformers, warnings): {args.log}", flush=True)
+    with console.engine_logs(args.log):
+        report = measure(args)
+    print(json.dumps(report))
+
+
+def measure(args: argparse.Namespace) -> dict:
 
     from transformers import AutoTokenizer
 
@@ -64,7 +75,7 @@ def main() -> None:
         eng.close()
     report["max_abs_logits_diff"] = float((first_logits["hf"] - first_logits["vllm"]).abs().max())
     report["vllm_over_hf"] = round(report["vllm_tokens_per_s"] / report["hf_tokens_per_s"], 2)
-    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

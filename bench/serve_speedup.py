@@ -135,7 +135,7 @@ def main() -> int:
     out_dir = Path(args.out).parent
     print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
           f"K {ks} (ngram {args.ngram_k or ks}), batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}, "
-          f"env {server_env or '-'}", flush=True)
+          f"env {server_env or '-'}\nserver logs (one vLLM server per configuration): {out_dir}/serve_*.log", flush=True)
 
     def show(r: dict) -> None:
         print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)

@@ -93,13 +93,27 @@ def cmd_cache(args: argparse.Namespace) -> int:
     ranks = ranks_from_env()
     ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
     try:
-        build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
-                    progress=not args.no_progress, device=args.device)
+        with quiet_engines(args.out, ranks.main):
+            build_cache(cfg, args.out, args.engine, batch_size=args.batch_size, shard_rows=args.shard_rows,
+                        progress=not args.no_progress, device=args.device)
     finally:
         shutdown()
     if ranks.main:
         print(f"train from it with: --set target.engine=cache --set target.cache_dir={args.out}")
     return 0
+
+
+def quiet_engines(out_dir: str, main: bool):
+    """What the engines print goes to ``out_dir/engine.log`` (``engine.rank<r>.log`` on other ranks),
+    the path said once; the command's own lines and bar stay on the terminal (:mod:`draftsmith.console`)."""
+    from pathlib import Path
+
+    from draftsmith import console
+
+    path = Path(out_dir) / console.engine_log_name()
+    if main:
+        print(f"engine logs (vLLM, transformers, warnings): {path}", flush=True)
+    return console.engine_logs(path)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -131,9 +145,10 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
     ranks = ranks_from_env()
     ranked.start(ranks)  # under torchrun the ranks split the shards; nothing for one process
     try:
-        r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
-                       concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress,
-                       device=args.device)
+        with quiet_engines(args.out, ranks.main):
+            r = regenerate(args.data, args.out, args.target, settings, url=args.url, model=args.model,
+                           concurrency=args.concurrency, dtype=args.dtype, progress=not args.no_progress,
+                           device=args.device)
     finally:
         shutdown()
     if not ranks.main:

@@ -1,10 +1,12 @@
-"""run_demo's closing figures: its time per phase and the plain vLLM decode speed of the same run, printed
-and in demo_summary.json. Data, training, export and the real check are stand-ins on a fake clock (the
-real demo takes minutes and starts vLLM); the timing arithmetic is run_demo's own."""
+"""run_demo's terminal and its closing figures: phase headings, the summary table (time per phase and
+the plain vLLM decode speed of the same run, also in demo_summary.json), then the serve command, and
+nothing an engine says. Data, training, export and the real check are stand-ins on a fake clock (the
+real demo takes minutes and starts vLLM); the timing arithmetic and the printing are run_demo's own."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,13 +32,15 @@ def fake_demo(monkeypatch, tmp_path):
     class Trainer:
         def __init__(self, cfg, progress):
             self.cfg, self.engine = cfg, SimpleNamespace(close=lambda: None)
-            Path(cfg.output.dir).mkdir(parents=True)  # as the trainer's setup does
+            Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)  # as the trainer's setup does
             spend(12.0)
 
         def describe(self):
             return ["budget: ..."]
 
         def run(self):
+            os.write(2, b"FutureWarning: an engine's warning\n")  # what the engines print goes to the log
+            print("INFO an engine's log line")
             spend(515.0)  # a 495 s loop, then the final eval and save
             return SimpleNamespace(checkpoint=tmp_path / "run" / "checkpoints" / "step_692", step=692, epoch=4,
                                    tokens=581_967, tokens_per_s=1176.0, wall_s=495.0,
@@ -48,9 +52,11 @@ def fake_demo(monkeypatch, tmp_path):
         spend(5.0)
         return dst
 
-    def real_check(ckpt, output):
+    def real_check(ckpt, output, progress):
+        demo.say("[4/4] real check on vLLM: ...")
         spend(170.0)
-        return "real speed ...", {"none": {"tokens_per_s": 22.7, "k": 0}, "draft": {"tokens_per_s": 24.2, "k": 1}}
+        return "real speed ...", {"none": {"tokens_per_s": 22.7, "k": 0, "tau": 1.0},
+                                  "draft": {"tokens_per_s": 24.2, "k": 1, "tau": 1.25}}
 
     monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(demo, "prepare_data", prepare_data)
@@ -61,13 +67,46 @@ def fake_demo(monkeypatch, tmp_path):
     return tmp_path / "run"
 
 
-def test_demo_ends_with_its_phases_and_the_plain_decode_speed(fake_demo, capsys):
+def table(out: str) -> dict:
+    """The summary table's rows: {label: value}; an unlabelled row continues the one above."""
+    lines = out.split("\nsummary\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows, last = {}, None
+    for line in lines:
+        label, value = line[2:23].strip(), line[23:]
+        if label:
+            rows[label], last = value, label
+        else:
+            rows[last] += "\n" + value
+    return rows
+
+
+def test_demo_reads_top_to_bottom_and_keeps_engine_output_in_the_log(fake_demo, capfd):
     summary = demo.run_demo(output=str(fake_demo), progress=False)
-    lines = capsys.readouterr().out.splitlines()
+    term = capfd.readouterr()
+    lines = term.out.splitlines()
+    assert lines[0].startswith("draftsmith demo: an EAGLE-3 draft for SmolLM2-135M-Instruct")
+    assert lines[1] == f"engine logs (vLLM, transformers, warnings): {fake_demo / 'engine.log'}"
+    heads = [line.split(":")[0] for line in lines if line.startswith("[")]
+    assert heads == ["[3/4] train from the cache for 483 s (setup took 12 s), then held-out eval, checkpoint and "
+                     "vLLM export", "[4/4] real check on vLLM"]  # 1/2: the faked prepare_data's
+    assert lines.index("summary") < len(lines) - 3 and lines[-3] == ""
+    assert lines[-2].startswith("serve it with vLLM") and lines[-1].startswith("  python -m vllm.entrypoints")
+    assert "engine" not in term.err and "INFO" not in term.out  # the engines' lines are in the log
+    assert (fake_demo / "engine.log").read_text() == "FutureWarning: an engine's warning\nINFO an engine's log line\n"
+    assert summary["engine_log"] == str(fake_demo / "engine.log")
+
+
+def test_demo_table_has_its_phases_and_the_plain_decode_speed(fake_demo, capfd):
+    summary = demo.run_demo(output=str(fake_demo), progress=False)
+    rows = table(capfd.readouterr().out)
     # 259 s one-time + 12 setup + 515 run() (495 loop + 20 eval/save) + 5 export + 170 check
-    assert lines[-2] == ("demo wall time 961 s (16.0 min; 702 s without the one-time data and cache): regenerate 183 s, "
-                         "feature cache 76 s, setup 12 s, train loop 495 s, eval+save+export 25 s, real check 170 s")
-    assert lines[-1] == "machine speed: plain vLLM decode 22.7 tok/s in this run (the real check's no speculation, batch 1)"
+    assert rows["wall time"] == "961 s (16.0 min; 702 s without the one-time data and cache)"
+    assert rows["phases"] == ("regenerate 183 s, feature cache 76 s, setup 12 s, train loop 495 s, eval+save+export 25 s, "
+                              "real check 170 s")
+    assert rows["machine speed"] == "plain vLLM decode 22.7 tok/s in this run (the real check's no speculation, batch 1)"
+    assert rows["real speed"] == ("4 held-out MT-Bench prompts, 128 tokens, vLLM, batch 1\n"
+                                  "  no speculation   22.7 tok/s\n"
+                                  "  draft K=1        24.2 tok/s  1.07x  tau 1.25")
     expected = {"regenerate": 183.0, "cache": 76.0, "setup": 12.0, "train_loop": 495.0, "eval_save_export": 25.0,
                 "real_check": 170.0}
     saved = json.loads((fake_demo / "demo_summary.json").read_text())
@@ -76,20 +115,21 @@ def test_demo_ends_with_its_phases_and_the_plain_decode_speed(fake_demo, capsys)
     assert '"num_speculative_tokens": 1' in saved["serve_command"]  # the check's best K
 
 
-def test_demo_without_the_check_says_the_speed_was_not_measured(fake_demo, capsys):
+def test_demo_without_the_check_says_the_speed_was_not_measured(fake_demo, capfd):
     summary = demo.run_demo(output=str(fake_demo), progress=False, check=False)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("demo wall time 791 s (13.2 min; 532 s without the one-time data and cache): ")
-    assert lines[-2].endswith("train loop 495 s, eval+save+export 25 s")
-    assert lines[-1] == "machine speed: plain decode speed not measured (--no-check)"
+    rows = table(capfd.readouterr().out)
+    assert rows["wall time"] == "791 s (13.2 min; 532 s without the one-time data and cache)"
+    assert rows["phases"].endswith("train loop 495 s, eval+save+export 25 s")
+    assert rows["machine speed"] == "plain decode speed not measured (--no-check)" and "real speed" not in rows
     saved = json.loads((Path(fake_demo) / "demo_summary.json").read_text())
     assert "real_check" not in saved["phases_s"] and saved["plain_decode_tok_s"] is None
     assert summary["phases_s"] == saved["phases_s"]
 
 
-def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capsys):
+def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capfd):
     demo.run_demo(output=str(fake_demo), progress=False, check=False)
-    out = capsys.readouterr().out
-    assert "held-out per-TTT-step accuracy: step0 0.342  step1 0.269  step2 0.232" in out
-    assert "held-out conditional acceptance (step k | steps < k accepted): step0 0.342  step1 0.500  step2 0.250" in out
-    assert "held-out simulated tau: 1.476   (loss 5.1000, 9000 positions, draft-vocab coverage 0.987)" in out
+    rows = table(capfd.readouterr().out)
+    assert rows["held-out accuracy"] == "step0 0.342  step1 0.269  step2 0.232   (per TTT step)"
+    assert rows["held-out acceptance"] == "step0 0.342  step1 0.500  step2 0.250   (step k given steps < k accepted)"
+    assert rows["held-out tau"] == "1.476 simulated   (loss 5.1000, 9000 positions, draft-vocab coverage 0.987)"
+    assert rows["training"] == "692 steps (4 epochs), 581967 tokens at 1176 tok/s, loop 495 s"

@@ -81,15 +81,15 @@ def test_the_rendered_bar_shows_the_budget_left_and_ends_full():
     clock = [0.0]
     bar = TrainBar(10_000, 0, max_time_s=BUDGET, file=io.StringIO(), desc="train", unit="step", mininterval=0)
     bar._time, bar.start_t, bar.last_print_t = (lambda: clock[0]), 0.0, 0.0  # tqdm's own clock, faked
-    assert "0/10000 [00:00<06:40" in str(bar)  # before the first step: the whole budget left
+    assert "0/10000 step [00:00 elapsed, ETA 06:40" in str(bar)  # before the first step: the whole budget left
     times = demo_like_times()
     rows = drive(None, itertools.islice(times, 17), bar=bar, clock=clock)
     assert rows[-1] == (17, 40.0, 197, 360.0)
     # 17 steps in 40 s: tqdm's whole-run rate (smoothing 0), the budget's 6:00 left as the ETA
-    assert str(bar) == "train:   9%|" + str(bar).split("|")[1] + "| 17/197 [00:40<06:00,  2.35s/step]"
+    assert str(bar) == "train:   9%|" + str(bar).split("|")[1] + "| 17/197 step [00:40 elapsed, ETA 06:00,  2.35s/step]"
     rows = drive(None, times, start_step=17, bar=bar, clock=clock, elapsed=40.0)
     assert rows[-1] == (LAST_STEP, BUDGET, LAST_STEP, 0.0)
-    assert "100%" in str(bar) and f"{LAST_STEP}/{LAST_STEP} [06:40<00:00" in str(bar)
+    assert "100%" in str(bar) and f"{LAST_STEP}/{LAST_STEP} step [06:40 elapsed, ETA 00:00" in str(bar)
     bar.close()
 
 

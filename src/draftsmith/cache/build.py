@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from draftsmith import ranked
+from draftsmith import console, ranked
 from draftsmith.cache import store
 from draftsmith.cache.store import CacheError
 
@@ -116,7 +116,7 @@ def _prepare(out: Path, manifest: dict, plan: _Plan, log: Callable[[str], None])
     if (out / store.MANIFEST).is_file():
         old = store.read_manifest(out)
         _check_resume(old, manifest, out)
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(not p.name.startswith("engine.") for p in out.iterdir()):  # its engine log may be there
         raise CacheError(f"--out {out}: the directory is not empty and holds no {store.MANIFEST}; "
                          f"pass a new or empty --out dir")
     out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +151,7 @@ def _merge(out: Path, manifest: dict, plan: _Plan, entries: dict[int, dict]) -> 
 
 
 def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *, batch_size: Optional[int] = None,
-                shard_rows: int = 256, progress: bool = True, log: Callable[[str], None] = print,
+                shard_rows: int = 256, progress: bool = True, log: Callable[[str], None] = console.say,
                 device: Optional[str] = None) -> dict:
     """Build (or resume) the feature cache of ``cfg`` under ``out_dir``; returns the final manifest
     plus ``build``: {tokens, seconds} this call computed, over all ranks (not written to disk: the
@@ -272,8 +272,6 @@ def _job(cfg, name: str, shard_rows: int, batch_size: int, placed: dict) -> _Job
 def _run_rank(job: _Job, out: Path, todo: list[int], done: dict[int, dict], ranks, progress: bool) -> dict[int, dict]:
     """Write this rank's missing shards ``todo``; their entries by index. Rank 0 also keeps the manifest
     listing every shard it knows is on disk as it goes (the others' join at the merge)."""
-    from tqdm import tqdm
-
     if not todo:
         return {}  # no engine to load: this rank's shards are all on disk
     listed = dict(done)
@@ -285,8 +283,8 @@ def _run_rank(job: _Job, out: Path, todo: list[int], done: dict[int, dict], rank
             store.write_manifest(out, _totals(job.manifest))  # lists the shard only once it is on disk
 
     eng = _open(job)
-    bar = tqdm(total=sum(len(job.plan.rows[job.plan.span(s)]) for s in todo), disable=not (progress and ranks.main),
-               desc="cache" if ranks.world == 1 else f"cache (rank 0 of {ranks.world})", unit="row")
+    bar = console.PhaseBar(sum(len(job.plan.rows[job.plan.span(s)]) for s in todo), disable=not (progress and ranks.main),
+                           desc="cache" if ranks.world == 1 else f"cache (rank 0 of {ranks.world})", unit="rows")
     try:
         return _write_shards(eng, job, out, todo, bar, on_shard)
     finally:

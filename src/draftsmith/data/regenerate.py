@@ -32,6 +32,7 @@ ranks split the shards (shard i: rank i % N) and rank 0 merges one manifest (:mo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from draftsmith import ranked
+from draftsmith import console, ranked
 from draftsmith.cache.store import target_fingerprint
 # the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
 from draftsmith.data.regenerated import (FORMAT, MANIFEST, VERSION, RegenError, RegenMismatch,  # noqa: F401
@@ -104,9 +105,12 @@ def fingerprint(obj: Any) -> str:
 
 # ------------------------------------------------------------------------------ engines
 class Generator:
-    """One round of generation: ``generate(conversations, seeds) -> [(text, new_tokens)]`` in order."""
+    """One round of generation: ``generate(conversations, seeds) -> [(text, new_tokens)]`` in order.
+    ``on_answer(n)``, when set, is called as answers finish inside a round (the progress bar moves
+    while a round of hundreds of requests runs, not only when it returns)."""
 
     name = "base"
+    on_answer: Optional[Callable[[int], None]] = None
 
     def generate(self, conversations: list[list[dict]], seeds: list[int]) -> list[tuple[str, int]]:
         raise NotImplementedError
@@ -178,6 +182,8 @@ class HFGenerator(_Rendered):
             if new and new[-1] in eos:
                 new = new[:-1]
             out.append((self.decode(new), len(new)))
+            if self.on_answer is not None:
+                self.on_answer(1)
         return out
 
 
@@ -204,8 +210,10 @@ class VLLMGenerator(_Rendered):
 
         params = [SamplingParams(temperature=self.s.temperature, top_p=self.s.top_p, max_tokens=self.s.max_new_tokens,
                                  seed=seed, skip_special_tokens=True) for seed in seeds]
+        # use_tqdm takes a tqdm factory: ours draws nothing and counts each finished request on our bar
+        counter = functools.partial(console.Forwarding, on_update=self.on_answer) if self.on_answer else False
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=self.prompt_ids(c)) for c in conversations], params,
-                                 use_tqdm=False)
+                                 use_tqdm=counter)
         # Decode the ids ourselves, as the hf engine does: vLLM's incremental detokenizer holds back a
         # trailing incomplete UTF-8 sequence, which would make the two engines' texts differ.
         return [(self.decode(o.outputs[0].token_ids), len(o.outputs[0].token_ids)) for o in outs]
@@ -233,6 +241,8 @@ class URLGenerator(Generator):
         if self.s.chat_template_kwargs:
             body["chat_template_kwargs"] = self.s.chat_template_kwargs  # top level, not extra_body
         reply = self.client.post_json(self.url + "/v1/chat/completions", body)
+        if self.on_answer is not None:
+            self.on_answer(1)
         try:
             text = reply["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
@@ -259,7 +269,7 @@ class RegenResult:
 def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings: RegenSettings, *,
                url: Optional[str] = None, model: Optional[str] = None, concurrency: int = 32, dtype: str = "bfloat16",
                engine_kwargs: Optional[dict] = None, progress: bool = True,
-               generator: Optional[Generator] = None, log: Callable[[str], None] = print,
+               generator: Optional[Generator] = None, log: Callable[[str], None] = console.say,
                device: str = "auto") -> RegenResult:
     """Regenerate the assistant turns of ``sources`` with ``target`` into ``out`` (see the module doc).
 
@@ -300,8 +310,16 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
     def work() -> int:
         if not todo:
             return 0  # no engine to load: this rank's shards are all on disk
-        gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
-        return _write_shards(gen, out, plan, todo, s, progress and ranks.main, tags)
+        # the bar first: an engine's start (a minute for vLLM on CPU) shows as the bar's first item
+        bar = _answers_bar(plan, todo, s, progress and ranks.main)
+        bar.set_postfix_str(f"starting {s.engine}")
+        try:
+            with bar.ticking():
+                gen = generator or _open(s, target, url, model, concurrency, dtype, engine_kwargs, device)
+        except BaseException:
+            bar.close()
+            raise
+        return _write_shards(gen, out, plan, todo, s, bar, tags)
 
     tokens = ranked.gather(ranks, work, RegenError, f"fix it and rerun the same command to finish {out}")
     extra = {"source_rows": report.total, "source_bad_rows": report.bad}
@@ -381,29 +399,49 @@ def _open(s: RegenSettings, target: str, url, model, concurrency: int, dtype: st
     return HFGenerator(target, s, dtype=dtype, device=device)
 
 
-def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,
-                  progress: bool, tags: Optional[list[dict]] = None) -> int:
-    """Regenerate and write the shards ``todo`` (this rank's); the tokens generated."""
-    from tqdm import tqdm
+def _turns(plan: list, index: int, s: RegenSettings) -> int:
+    """The user turns shard ``index`` plans to answer."""
+    return sum(len(segs) for _, segs in plan[index * s.shard_size:(index + 1) * s.shard_size])
 
-    bar = tqdm(total=sum(min(s.shard_size, len(plan) - i * s.shard_size) for i in todo),
-               disable=not progress, desc="regenerate", unit="conv")
+
+def _answers_bar(plan: list, todo: list[int], s: RegenSettings, progress: bool) -> console.PhaseBar:
+    """The bar over the answers the shards ``todo`` plan (fixed total; see :func:`_write_shards`)."""
+    return console.PhaseBar(sum(_turns(plan, i, s) for i in todo), disable=not progress, desc="regenerate",
+                            unit="answers")
+
+
+def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], s: RegenSettings,
+                  bar: console.PhaseBar, tags: Optional[list[dict]] = None) -> int:
+    """Regenerate and write the shards ``todo`` (this rank's); the tokens generated.
+
+    The bar counts answers: its total, the user turns the shards plan to answer, is fixed at the
+    start; it moves as the engine finishes requests (``Generator.on_answer``), and a turn that is
+    not answered (its prompt too long, which ends its conversation) counts as done when its round
+    passes, so the bar ends full."""
+    def turns(index: int) -> int:
+        return _turns(plan, index, s)
+
+    bar.set_postfix_str("", refresh=False)
+    bar.work_started()  # the engine is up: the ETA's rate leaves its start-up out
+    generator.on_answer = bar.update
     new_tokens, t_gen = 0, time.perf_counter()
     try:
         for index in todo:
             rows = plan[index * s.shard_size:(index + 1) * s.shard_size]
+            before = bar.n
 
-            def on_round(r: int, answered: int, tokens: int, done=new_tokens) -> None:
-                # a shard's rounds can take minutes: show tokens/s as each one lands
-                bar.set_postfix(shard=index, round=r, answered=answered,
-                                tok_s=f"{(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
+            def on_round(r: int, answered: int, tokens: int, done=new_tokens, before=before) -> None:
+                # turns up to round r are answered or dropped by now; an engine that does not report
+                # as it goes (on_answer) catches up here
+                passed = sum(min(len(segs), r + 1) for _, segs in rows)
+                bar.update(max(0, before + passed - bar.n))
+                bar.set_postfix_str(f"tok/s {(done + tokens) / max(time.perf_counter() - t_gen, 1e-9):.0f}")
 
             lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round,
                                               tags[index * s.shard_size:(index + 1) * s.shard_size] if tags else None)
             write_text_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
             new_tokens += tokens
-            bar.update(len(rows))
-            bar.set_postfix(tok_s=f"{new_tokens / max(time.perf_counter() - t_gen, 1e-9):.0f}")
+            bar.update(max(0, before + turns(index) - bar.n))  # turns after a conversation ended early
     finally:
         bar.close()
         generator.close()

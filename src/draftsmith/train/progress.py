@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from draftsmith import console
+
 
 class BudgetProgress:
     """The bar's total and the seconds left, step by step, for a run that stops at ``max_time_s``
@@ -53,10 +55,12 @@ class TrainBar(tqdm):
 
     left_s: Optional[float] = None  # read by format_dict, which tqdm's __init__ already calls
 
-    BUDGET_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{budget_left}, {rate_fmt}{postfix}]"
+    # as console.PhaseBar's, with the rate: "train: 9%|.| 17/197 step [00:40 elapsed, ETA 06:00, 2.35s/step]"
+    BUDGET_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed} elapsed, ETA {budget_left}, {rate_fmt}{postfix}]"
 
     def __init__(self, total: int, initial: int, *, max_time_s: Optional[float] = None, **kwargs):
         self.plan = BudgetProgress(max_time_s, total, initial) if max_time_s is not None else None
+        kwargs.setdefault("file", console.bar_stream())  # the terminal, past an engine log redirect
         if self.plan is not None:
             self.left_s = max_time_s
             kwargs.setdefault("bar_format", self.BUDGET_FORMAT)
