@@ -32,7 +32,7 @@ from vllm_http import Server  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))  # the evaluation tests' draft helpers
 from eval_helpers import draft_for, save_vllm_layout, train_on_policy  # noqa: E402
 
-K, MAX_TOKENS = 3, 24
+K, MAX_TOKENS, WRONG_TOKENS = 3, 24, 48
 QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?", "Tell me a joke about cats.",
              "Write a haiku about the sea.", "Explain recursion.", "Name three colors."]
 
@@ -74,8 +74,9 @@ def test_check_names_wrong_layer_ids_of_a_running_server(tmp_path, capsys):
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval().requires_grad_(False)
     runner = HFTarget(model, aux)
     ids = [render_prompt(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    seqs = [i + generate_plain(runner, i, max_new_tokens=40).tokens for i in ids]
-    fitted = train_on_policy(model, draft_for(model, num_aux=len(aux)), seqs, aux_ids=aux)
+    seqs = [i + generate_plain(runner, i, max_new_tokens=WRONG_TOKENS).tokens for i in ids]
+    # fitted well enough (offline tau ~2.2 at K=3) that reading the wrong layers is a clear loss on ~200 rounds
+    fitted = train_on_policy(model, draft_for(model, num_aux=len(aux)), seqs, aux_ids=aux, steps=400)
     draft = save_vllm_layout(fitted, tmp_path / "draft", aux_ids=aux)
     wrong = tmp_path / "served_draft"
     shutil.copytree(draft, wrong)
@@ -91,7 +92,7 @@ def test_check_names_wrong_layer_ids_of_a_running_server(tmp_path, capsys):
     out = tmp_path / "check"
     with Server(argv, port, tmp_path / "serve.log") as s:
         rc = main(["check", "--target", str(target), "--draft", str(draft), "--prompts", str(prompt_file(tmp_path)),
-                   "--url", s.base, "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--out", str(out), "--quiet"])
+                   "--url", s.base, "--max-tokens", str(WRONG_TOKENS), "--ignore-eos", "--out", str(out), "--quiet"])
     captured = capsys.readouterr()
     print(captured.out, captured.err)
     assert rc == 1, captured.out
