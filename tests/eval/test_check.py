@@ -194,3 +194,17 @@ def test_server_without_speculation_and_draft_for_another_target(tiny, setup, tm
     with Plain(server_side, K) as url:
         with pytest.raises(EvalError, match="no vllm:spec_decode"):
             _run(tiny, draft, prompts, url)
+
+
+def test_no_vllm_to_start_a_server_is_one_line_exit_2(tiny, setup, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    from draftsmith.cli import main
+
+    root, draft, prompts, _ = setup
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    assert main(["check", "--target", str(tiny.path), "--draft", str(draft), "--prompts", str(prompts), "--quiet",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'vllm' package is not importable" in err[0]

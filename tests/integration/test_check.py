@@ -3,7 +3,8 @@
 1. The always-agree pair of test_serve_vllm.py (every draft token accepted by construction), the
    server started by check itself as `draftsmith serve vllm` starts it: tau K+1 served AND offline,
    every position at 1.0, verdict ok, exit 0, check.json + check.png written.
-2. A draft fitted on the target's own continuations (layers [1, 3, 4]), served by a server this test
+2. A draft fitted on the target's own continuations (layers [1, 3, 4], 400 steps: offline tau ~2.2 on
+   48-token answers, so the loss is clear on ~200 rounds), served by a server this test
    starts from a copy whose config.json says [0, 2, 3] (the hook-vs-engine off-by-one), and checked
    through --url: served falls short beyond the noise, check exits 1 and names the layer ids,
    confirmed by an offline rerun reading [0, 2, 3].

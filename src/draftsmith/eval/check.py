@@ -287,10 +287,12 @@ def format_check(report: dict) -> str:
         groups = report[key]
         if len(groups) < 2:
             continue
-        lines.append(f"{title:<16} {'prompts':>7}  {'tau served':>10}  {'tau offline':>11}")
+        lines.append(f"{title:<16} {'prompts':>7}  {'tau served':>10}  {'tau offline':>11}  acceptance per position "
+                     "served | offline")
+        per = lambda row: "/".join(_f(a, ".2f") for a in row["acceptance_per_position"])  # noqa: E731
         for name, g in groups.items():
-            lines.append(f"{name:<16} {g['prompts']:>7}  {_f(g['served']['tau']):>10}  {_f(g['offline']['tau']):>11}"
-                         + ("  SHORT" if g["comparison"]["shortfall"] else ""))
+            lines.append(f"{name:<16} {g['prompts']:>7}  {_f(g['served']['tau']):>10}  {_f(g['offline']['tau']):>11}  "
+                         f"{per(g['served'])} | {per(g['offline'])}" + ("  SHORT" if g["comparison"]["shortfall"] else ""))
     same = [r["same_tokens"] for r in report["records"] if r["same_tokens"] is not None]
     if same:
         lines.append(f"served answers identical to offline: {sum(same)}/{len(same)} prompts")

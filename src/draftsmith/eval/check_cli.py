@@ -74,8 +74,8 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
     base, served_k = None, None
     if url:  # an unreachable or non-speculative server fails here, before the offline decode
         base = url.rstrip("/")
-        served_facts(client, base)
-        served_k = len(settled(client, base)["per_position"]) or None
+        facts = served_facts(client, base)
+        served_k = facts["k"] or len(settled(client, base)["per_position"]) or None  # /server_info, else /metrics
         if k is not None and served_k is not None and k != served_k:
             raise EvalError(f"-k {k}: the server at {url} drafts {served_k} tokens per step (its /metrics); "
                             f"pass -k {served_k} or omit -k")
