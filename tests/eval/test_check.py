@@ -87,6 +87,11 @@ def test_dtype_cause():
     assert dtype_cause(None, "float32", [])["status"] == "not tested"
     rec = [{"id": "a", "same_prompt_ids": True, "same_tokens": False}]
     assert dtype_cause("float32", "float32", rec)["status"] == "found"
+    tried = []
+    rerun = lambda dt: (tried.append(dt) or dt == "bfloat16", f"rerun {dt}")  # noqa: E731
+    assert dtype_cause(None, "float32", [], rerun=rerun)["status"] == "confirmed" and tried == ["bfloat16"]
+    assert dtype_cause("float16", "float32", [], rerun=rerun)["status"] == "found" and tried[-1] == "float16"
+    assert dtype_cause("float32", "float32", [], rerun=rerun)["status"] == "ruled out" and len(tried) == 2
 
 
 # ------------------------------------------------------------------------------------------ the command
@@ -153,8 +158,10 @@ def test_wrong_chat_template_is_named_and_confirmed_without_server_info(tiny, se
     assert rep["verdict"] == "shortfall", rep["comparison"]
     tpl = next(c for c in rep["causes"] if c["cause"].startswith("chat template"))
     assert tpl["status"] == "confirmed" and "pirate" in tpl["evidence"]
-    # without /server_info the served config is unknown: said, not guessed
-    assert next(c for c in rep["causes"] if c["cause"] == "dtype")["status"] == "not tested"
+    # the server's prompt ids alone reproduce served, so no other variation is credited with it; without
+    # /server_info the served config is unknown: said, not guessed
+    status = {c["cause"]: c["status"] for c in rep["causes"]}
+    assert status["dtype"] == "not tested" and status["layer ids and their order"] == "not tested"
 
 
 def test_cli_exit_codes(tiny, setup, tmp_path, capsys):

@@ -73,9 +73,12 @@ def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def template_cause(served: Sequence[dict], offline_ids: Sequence[Sequence[int]], tokenizer, *,
-                   trained_kwargs: Optional[dict], rerun=None) -> dict:
+                   trained_kwargs: Optional[dict], rerun=None,
+                   renderings: Optional[dict[str, Sequence[Sequence[int]]]] = None) -> dict:
     """Compare the server's rendering of each prompt (``prompt_token_ids``) with the trained one.
-    ``rerun(prompt_ids) -> records`` decodes offline on the server's ids (None: no rerun)."""
+    ``rerun(prompt_ids) -> (ok, evidence)`` decodes offline on the server's ids (None: no rerun);
+    ``renderings`` maps a description (e.g. "without the trained chat_template_kwargs") to the prompts
+    rendered that way: one that equals the server's names what the server did differently."""
     fix = ("serve with the template and kwargs the draft was trained with (`draftsmith serve vllm` passes the "
            "checkpoint's --default-chat-template-kwargs; drop a --chat-template that differs), or retrain on "
            "data rendered with the serving template")
@@ -96,6 +99,10 @@ def template_cause(served: Sequence[dict], offline_ids: Sequence[Sequence[int]],
                 f"trained {snip(o)}")
     if trained_kwargs:
         evidence += f" (trained with chat_template_kwargs {json.dumps(trained_kwargs)})"
+    same_as = [what for what, ids in (renderings or {}).items()
+               if all(list(g) == list(i) for g, i in zip(got, ids))]
+    if same_as:
+        evidence += f"; the server's rendering equals the prompts rendered {same_as[0]}"
     status = "found"
     if rerun is not None:
         ok, how = rerun(got)
@@ -226,8 +233,26 @@ def d2t_cause(draft, served_draft_dir: Optional[str], *, rerun=None) -> dict:
     return {"cause": VOCAB, "status": status, "evidence": "; ".join(evidence), "fix": fix if status != "ruled out" else ""}
 
 
-def dtype_cause(served_dtype: Optional[str], offline_dtype: str, records: Sequence[dict]) -> dict:
-    """The server's dtype against offline's; same prompt ids but other answers point to numerics."""
+def dtype_cause(served_dtype: Optional[str], offline_dtype: str, records: Sequence[dict], rerun=None) -> dict:
+    """The server's dtype against offline's; same prompt ids but other answers point to numerics.
+    ``rerun(dtype) -> (ok, evidence)`` decodes offline with the target in ``dtype`` (only when served
+    falls short): the server's dtype when known and different, bfloat16 when unknown."""
+    result = _dtype_static(served_dtype, offline_dtype, records)
+    candidate = (served_dtype if served_dtype not in (None, offline_dtype) else
+                 "bfloat16" if served_dtype is None and offline_dtype != "bfloat16" else None)
+    if rerun is None or candidate is None:
+        return result
+    ok, how = rerun(candidate)
+    result["evidence"] += f"; with the target in {candidate}, {how}"
+    if ok:
+        result.update(status="confirmed", fix=result["fix"] or (
+            f"the server likely runs {candidate}: serve with --dtype {offline_dtype} (or run check --dtype {candidate})"))
+    elif result["status"] == "not tested":
+        result["status"] = "ruled out"
+    return result
+
+
+def _dtype_static(served_dtype: Optional[str], offline_dtype: str, records: Sequence[dict]) -> dict:
     numeric = [r["id"] for r in records if r.get("same_prompt_ids") and r.get("same_tokens") is False]
     extra = (f"; {len(numeric)} prompt(s) got other answers from identical prompt ids ({', '.join(numeric[:4])})"
              if numeric else "")

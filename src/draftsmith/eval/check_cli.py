@@ -148,13 +148,33 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
             variant = decoder.decode(prompt_ids or base_ids, k=k, max_new_tokens=max_tokens, eos_ids=eos, **kw)
             return explains(served, offline, variant, k, alpha=alpha, margin=margin)
 
+        # The server's own prompt ids decoded offline: when that alone reproduces served, the template is the
+        # cause and every other variation (decoded on the same ids) would "reproduce" it too, so none is tried
+        base = rerun(base_ids) if short and not same_ids else None
+        vary = short and not (base and base[0])
+
+        def dtype_rerun(other: str):
+            alt = OfflineDecoder(target_path, draft_dir, dtype=other, device="cpu")
+            try:
+                variant = alt.decode(base_ids, k=k, max_new_tokens=max_tokens, eos_ids=eos)
+            finally:
+                alt.close()
+            return explains(served, offline, variant, k, alpha=alpha, margin=margin)
+
+        renderings = {}
+        if not same_ids:  # what the server may have done instead: no kwargs, the tokenizer's own template
+            if kwargs:
+                renderings["without the trained chat_template_kwargs"] = decoder.render(items, {}, template)
+            if template is not None:
+                renderings["with the tokenizer's own template (not data.chat_template)"] = \
+                    decoder.render(items, kwargs, None)
         report["causes"] = [
-            template_cause(served, ids, decoder.tokenizer, trained_kwargs=kwargs,
-                           rerun=(lambda got: rerun(got)) if short else None),
+            template_cause(served, ids, decoder.tokenizer, trained_kwargs=kwargs, renderings=renderings,
+                           rerun=(lambda got: base) if base else None),
             layer_cause(decoder.aux_ids, served_layer_ids(facts.get("draft_dir")), num_layers=decoder.num_layers,
-                        first=decoder.family.first_layer_id, rerun=(lambda aux: rerun(aux_ids=aux)) if short else None),
-            d2t_cause(decoder.draft, facts.get("draft_dir"), rerun=(lambda: rerun(lose_d2t=True)) if short else None),
-            dtype_cause(facts.get("dtype"), dtype, report["records"]),
+                        first=decoder.family.first_layer_id, rerun=(lambda aux: rerun(aux_ids=aux)) if vary else None),
+            d2t_cause(decoder.draft, facts.get("draft_dir"), rerun=(lambda: rerun(lose_d2t=True)) if vary else None),
+            dtype_cause(facts.get("dtype"), dtype, report["records"], rerun=dtype_rerun if vary else None),
         ]
         report["warnings"] = [w for w in (context_warning(facts.get("max_model_len"), trained_len, [len(i) for i in ids]),
                                           depth_warning(k, decoder.proposer)) if w] + decoder.notes
