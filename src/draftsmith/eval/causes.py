@@ -14,11 +14,14 @@ Gap causes (they make served differ from offline): the chat template / system pr
 kwargs (the server's ``prompt_token_ids`` against the trained rendering), the layer ids and their
 order (the served draft config against the checkpoint; reruns with the served ids, ids off by one,
 the engine default, the unsorted order), d2t/t2d (the served copy's map; a rerun with d2t lost) and
-dtype (the server's against offline's; identical prompts but different answers point to numerics).
+dtype (the server's against offline's, identical prompts with other answers pointing to numerics; a
+rerun with the target in the server's dtype, bfloat16 when unknown).
 Both-sides causes (they lower served and offline alike, so they are warnings, not gap causes): a
 serving context longer than the draft's training max_length, K above the depth it was trained for.
 
-Reruns cost one offline decode of the prompt set each, so they only run when served falls short.
+Reruns cost one offline decode of the prompt set each, so they only run when served falls short. They
+decode what the server was sent (its prompt ids); when those alone reproduce served, the template is
+the cause and no other variation is tried (each would "reproduce" it on the same ids).
 """
 
 from __future__ import annotations
