@@ -215,3 +215,19 @@ def test_no_vllm_to_start_a_server_is_one_line_exit_2(tiny, setup, tmp_path, cap
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'vllm' package is not importable" in err[0]
+
+
+def test_explains_needs_the_served_answers_and_both_directions():
+    from draftsmith.eval.causes import explains
+
+    def recs(drafts, acc, tokens):
+        return [{"drafts": drafts, "accepted": sum(acc), "per_position": acc, "token_ids": t} for t in tokens]
+
+    served = recs(20, [6, 2, 0], [[1, 2], [3, 4]])
+    offline = recs(20, [16, 12, 8], [[1, 2], [3, 4]])
+    assert explains(served, offline, recs(20, [6, 2, 0], [[1, 2], [3, 4]]), 3)[0]  # same tau, same answers
+    # close in tau but other answers than the server's (offline had them right): not what the server ran
+    ok, how = explains(served, offline, recs(20, [5, 2, 0], [[9, 9], [3, 4]]), 3)
+    assert not ok and "1/2 answers identical to served (offline: 2)" in how
+    # overshooting far below served is not reproducing it either
+    assert not explains(served, offline, recs(20, [0, 0, 0], [[1, 2], [3, 4]]), 3)[0]

@@ -55,17 +55,26 @@ def _tau(records) -> Optional[float]:
 def explains(served: Sequence[dict], offline: Sequence[dict], variant: Sequence[dict], k: int, *,
              alpha: float = 0.05, margin: float = 0.01) -> tuple[bool, str]:
     """Whether an offline rerun with a suspected difference (``variant``) reproduces the served
-    acceptance: served is not short of the variant (the same statistics as the main verdict) and the
-    variant's tau is at least halfway from offline's to served's. Returns (verdict, one-line evidence)."""
-    cmp = compare_sides(_counts(served), _counts(variant), k, alpha=alpha, margin=margin, resamples=500)
+    acceptance: neither side is short of the other (the same statistics as the main verdict, both
+    ways), the variant's tau is at least halfway from offline's to served's, and the variant's answers
+    match the server's on at least as many prompts as offline's do (greedy answers are the target's
+    alone: a variation that changes them away from the server's, e.g. another dtype, is not what the
+    server ran, however its tau lands). Returns (verdict, one-line evidence)."""
+    kw = dict(alpha=alpha, margin=margin, resamples=500)
+    short = (compare_sides(_counts(served), _counts(variant), k, **kw)["shortfall"]
+             or compare_sides(_counts(variant), _counts(served), k, **kw)["shortfall"])
     ts, to, tv = _tau(served), _tau(offline), _tau(variant)
-    same = sum(1 for s, v in zip(served, variant) if s.get("token_ids") is not None
-               and list(s["token_ids"]) == list(v["token_ids"]))
+
+    def same_as_served(records) -> int:
+        return sum(1 for s, v in zip(served, records) if s.get("token_ids") is not None
+                   and list(s["token_ids"]) == list(v["token_ids"]))
+
+    same, base = same_as_served(variant), same_as_served(offline)
     close = None not in (ts, to, tv) and abs(tv - ts) <= 0.5 * abs(to - ts) + 1e-9
-    ok = bool(close and not cmp["shortfall"])
+    ok = bool(close and not short and same >= base)
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     return ok, (f"offline rerun with it: tau {fmt(tv)} (served {fmt(ts)}, offline {fmt(to)}), "
-                f"{same}/{len(served)} answers identical to served")
+                f"{same}/{len(served)} answers identical to served (offline: {base})")
 
 
 def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
