@@ -52,6 +52,30 @@ def find_meta(path: Path) -> dict:
     return {}
 
 
+def find_run_config(path: Path) -> dict:
+    """The run config snapshot (config.yaml) of the checkpoint holding ``path`` (found as
+    :func:`find_meta` finds meta.json), parsed, or {} when there is none or it is unreadable: what a
+    draft was trained with (``data.max_length``, ``data.chat_template``) is advice, never required."""
+    path = Path(path)
+    for parent in [path, *path.parents][:4]:
+        snap = parent / "config.yaml"
+        if snap.is_file() and (parent / "meta.json").is_file():
+            import yaml
+
+            try:
+                data = yaml.safe_load(snap.read_text())
+            except (yaml.YAMLError, UnicodeDecodeError):
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+def training_max_length(path: Path) -> Optional[int]:
+    """``data.max_length`` the draft at ``path`` was trained with (its checkpoint's config.yaml), or None."""
+    value = (find_run_config(path).get("data") or {}).get("max_length")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def latest_checkpoint(root: Path) -> Optional[Path]:
     """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
     link = Path(root) / "LATEST"

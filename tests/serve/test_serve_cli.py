@@ -182,8 +182,8 @@ def test_sglang_launch_writes_files_when_the_engine_is_present(tmp_path, capsys,
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "3"
 
 
-@pytest.mark.parametrize("kind", ["peagle", "dflash"])
-def test_sglang_rejects_parallel_and_block_drafts_with_a_pointer_to_vllm(tmp_path, capsys, kind):
+@pytest.mark.parametrize("kind", ["peagle", "jetspec"])  # DFlash: tests/serve/test_serve_limits.py
+def test_sglang_rejects_parallel_and_causal_block_drafts_with_a_pointer_to_vllm(tmp_path, capsys, kind):
     code, _, err = run(capsys, "serve", "sglang", "--target", "/t", "--draft", str(sc.make(kind, tmp_path)), "--print-only")
     assert code == 2 and "draftsmith serve vllm" in err
 

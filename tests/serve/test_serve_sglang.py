@@ -29,7 +29,6 @@ def test_config_rename_and_aux_ids_shift_to_sglang_convention():
 
 @pytest.mark.parametrize("cfg,msg", [
     (sc.eagle_config(parallel_drafting=True, mask_token_id=30, num_depths=4), "P-EAGLE .* serve vllm"),
-    (sc.dflash_config(), "dflash drafts are not supported .* serve vllm"),
     (sc.dflash_config(causal=True), "jetspec drafts .* serve vllm"),
     (sc.eagle_config(fc_norm=True), "EAGLE-3.1"),
     (sc.eagle_config(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}), "exactly 3 aux"),

@@ -54,6 +54,9 @@ class KRule:
     offset: int = 0
     why: str = ""
     required: bool = True  # doctor: a config.json without it is a problem (else only a set value is checked)
+    # the draft cannot draft past it (P-EAGLE has num_depths depth embeddings, a DFlash block block_size - 1
+    # slots): serve and doctor refuse a larger K
+    bound: bool = False
 
     def value(self, config: dict) -> tuple[Optional[str], Any]:
         """(key, value) of the first key set in ``config`` (falsy values count as unset), or (None, None)."""
@@ -112,7 +115,16 @@ class Family:
     serve_k: Optional[KRule] = None  # K from config.json at serve time; None: --num-speculative-tokens is required
     serve_k_missing: str = ""  # the error when K is neither given nor in config.json
     serve_refusal: Optional[str] = None  # no engine serves it: why and what works ({source}: the user's path)
+    # config.json variants it recognises but nothing here can load, serve or evaluate (config -> the refusal, or
+    # None): DFlash 2 configs carry the DFlash keys plus their own and must not pass for plain DFlash
+    refuses: Optional[Callable[[dict], Optional[str]]] = None
+    # the depth it was trained to draft, from config.json (EAGLE-3: the TTT unroll); a larger K is served but
+    # warned about: positions past it were never trained
+    trained_depth: Optional[KRule] = None
     sglang_refusal: Optional[str] = None  # SGLang does not serve it: why and where to go instead
+    # SGLang's --speculative-algorithm for a family SGLang serves only in some releases (checked on the
+    # installed package); where the installed SGLang lacks it, sglang_refusal says why and which release has it
+    sglang_algorithm: Optional[str] = None
     required_keys: tuple[str, ...] = ()  # config.json keys doctor requires
     weight_rules: tuple[WeightRule, ...] = ()  # tensors its weights must / must not hold (EAGLE layout)
     article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
@@ -131,6 +143,25 @@ class Family:
     def short(self) -> str:
         """The display name without its kind: "P-EAGLE"."""
         return self.display.split(" (")[0]
+
+    def refusal(self, config: dict, source: Optional[str] = None) -> Optional[str]:
+        """Why no engine serves a draft of this family with this config.json (``serve_refusal`` or a
+        variant it ``refuses``), or None. ``{source}`` in the text is the user's path."""
+        text = self.serve_refusal or (self.refuses(config) if self.refuses else None)
+        return text.format(source=source or "DRAFT") if text else None
+
+    def k_limit(self, config: dict) -> tuple[Optional[int], Optional[int]]:
+        """(K above which serving is refused, K above which it is warned about) from ``config``; None each
+        where the config or the family sets no such limit."""
+        hard = None
+        if self.serve_k is not None and self.serve_k.bound:
+            _, value = self.serve_k.value(config)
+            hard = int(value) + self.serve_k.offset if value else None
+        soft = None
+        if self.trained_depth is not None:
+            _, value = self.trained_depth.value(config)
+            soft = int(value) + self.trained_depth.offset if value else None
+        return hard, soft
 
     def code(self) -> ModuleType:
         """The module implementing the family contract (imported once, on first use)."""

@@ -146,3 +146,7 @@ def register(subparsers) -> None:
     b.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     b.add_argument("--out", default="runs/bench-server", help="directory for report.json and acceptance.png")
     b.set_defaults(func=cmd_bench_server)
+
+    from draftsmith.eval.check_cli import register as register_check  # served vs offline (issue 24)
+
+    register_check(subparsers)

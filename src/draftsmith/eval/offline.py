@@ -176,6 +176,9 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
                               for f in FAMILIES.values())
         raise EvalError(f"{d / 'config.json'}: architecture {arch} drafts are not evaluable offline; these are: "
                         f"{evaluable}; benchmark it on a server with bench-server")
+    variant = fam.refuses(config) if fam.refuses else None  # e.g. DFlash 2 keys under a DFlash config
+    if variant:
+        raise EvalError(f"{d / 'config.json'}: " + variant.format(source=d))
     state = read_tensors(d / "model.safetensors")  # a corrupt file is its own one-line error
     notes = [] if notes is None else notes
     fix = layer_count_fixup(config, state)

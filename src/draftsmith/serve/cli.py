@@ -75,7 +75,7 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_sglang(args: argparse.Namespace) -> int:
-    from .resolve import ServeError, check_family_weights, resolve_draft
+    from .resolve import ServeError, check_family_weights, resolve_draft, servable_config
     from .sglang import SGLANG_INSTALL_HINT, prepare_sglang, reject_for_sglang, sglang_argv
     from .vllm import launch, require_module
 
@@ -84,19 +84,41 @@ def cmd_serve_sglang(args: argparse.Namespace) -> int:
         if not draft.is_hub:  # weights that contradict config.json are named first (the config is then no guide)
             check_family_weights(draft)
         reject_for_sglang(draft.config, args.draft)  # a draft SGLang cannot serve fails before the install hint
+        block = draft.described.sglang_algorithm is not None
         if not args.print_only:
-            require_module("sglang", SGLANG_INSTALL_HINT)
-        prepared, token_map = prepare_sglang(draft, dry_run=args.print_only,
-                                             export_dir=Path(args.export_dir) if args.export_dir else None)
-        argv = sglang_argv(_target(args.target, args.print_only), prepared.path, num_steps=args.num_steps,
-                           topk=args.eagle_topk, num_draft_tokens=args.num_draft_tokens, token_map=token_map,
-                           host=args.host, port=args.port, dtype=args.dtype, context_length=args.context_length,
-                           extra=_extra(args))
+            from .sglang_dflash import SGLANG_BLOCK_HINT
+
+            require_module("sglang", SGLANG_INSTALL_HINT + (f"; block drafts need {SGLANG_BLOCK_HINT}" if block else ""))
+        target = _target(args.target, args.print_only)
+        export_dir = Path(args.export_dir) if args.export_dir else None
+        if block:  # the z-lab DFlash layout, which SGLang's DFLASH loads as vLLM does
+            from .sglang_dflash import sglang_block_argv
+            from .vllm import prepare_vllm, vllm_config
+
+            prepared = prepare_vllm(draft, dry_run=args.print_only, export_dir=export_dir)
+            k = args.num_steps if args.num_steps is not None else (
+                args.num_draft_tokens - 1 if args.num_draft_tokens is not None else None)
+            served = vllm_config(servable_config(draft)[0])
+            argv = sglang_block_argv(target, prepared.path, served, k=k, host=args.host, port=args.port,
+                                     dtype=args.dtype, context_length=args.context_length, extra=_extra(args))
+        else:
+            prepared, token_map = prepare_sglang(draft, dry_run=args.print_only, export_dir=export_dir)
+            served = draft.config
+            argv = sglang_argv(target, prepared.path, num_steps=3 if args.num_steps is None else args.num_steps,
+                               topk=args.eagle_topk, num_draft_tokens=args.num_draft_tokens, token_map=token_map,
+                               host=args.host, port=args.port, dtype=args.dtype, context_length=args.context_length,
+                               extra=_extra(args))
     except ServeError as e:
         return _fail(e)
+    from .limits import context_warnings, k_warnings
+
+    k = 3 if args.num_steps is None else args.num_steps  # a chain's K (block drafts: bounded, no warning)
+    notes = [*k_warnings(served, k), *context_warnings(draft, target, args.context_length, "--context-length")]
     print(f"draftsmith: {prepared.describe(args.print_only)}", file=sys.stderr)
     for note in prepared.fixups:
         print(f"draftsmith: fixup: {note}", file=sys.stderr)
+    for note in notes:
+        print(f"draftsmith: {note}", file=sys.stderr)
     if args.print_only:
         print(shlex.join(argv))
         return 0
@@ -106,10 +128,11 @@ def cmd_serve_sglang(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_draft
-    from .resolve import ServeError, resolve_draft, servable_config
+    from .resolve import ServeError, reject_unservable, resolve_draft, servable_config
 
     try:
         draft = resolve_draft(args.ckpt)
+        reject_unservable(draft.config, args.ckpt)  # named with the user's path, before anything is written
         fixups = [] if draft.is_hub else servable_config(draft)[1]
         out = export_draft(args.ckpt, args.out, to=args.to, target=args.target,
                            num_speculative_tokens=args.num_speculative_tokens, dflash_causal=args.dflash_causal)
@@ -128,7 +151,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from .resolve import ServeError, resolve_draft
 
     try:
-        problems, notes = diagnose(resolve_draft(args.ckpt), target=args.target, engine=args.engine)
+        problems, notes = diagnose(resolve_draft(args.ckpt), target=args.target, engine=args.engine, k=args.k,
+                                   max_model_len=args.max_model_len)
     except (ServeError, OSError, KeyError) as e:
         return _fail(e if isinstance(e, ServeError) else ServeError(f"doctor: cannot read the target or draft ({e})"))
     for n in notes:
@@ -166,9 +190,12 @@ def register(subparsers) -> None:
     v.add_argument("--max-model-len", type=int, default=None)
     v.set_defaults(func=cmd_serve_vllm)
 
-    g = engines.add_parser("sglang", help="python -m sglang.launch_server with the draft (EAGLE-3 only)")
+    g = engines.add_parser("sglang", help="python -m sglang.launch_server with the draft (EAGLE-3; DFlash where the "
+                                          "installed SGLang has DFLASH)")
     _common_serve(g, 30000)
-    g.add_argument("--num-steps", type=int, default=3, help="--speculative-num-steps (default 3)")
+    g.add_argument("--num-steps", type=int, default=None,
+                   help="K: --speculative-num-steps of an EAGLE-3 chain (default 3); a DFlash draft's K, at most "
+                        "block_size - 1 (default block_size - 1)")
     g.add_argument("--eagle-topk", type=int, default=1, help="--speculative-eagle-topk (default 1: a chain)")
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help="--speculative-num-draft-tokens (default num_steps + 1 for topk 1)")
@@ -188,6 +215,11 @@ def register(subparsers) -> None:
     d.add_argument("ckpt")
     d.add_argument("--target", default=None, help="target dir or `smollm2` (default: the checkpoint's meta.json)")
     d.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    d.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=None,
+                   help="the K it will be served with: past what the draft drafts is a problem, past its trained "
+                        "depth a warning")
+    d.add_argument("--max-model-len", type=int, default=None,
+                   help="the serving context: longer than the draft's training max_length is a warning")
     d.set_defaults(func=cmd_doctor)
 
 

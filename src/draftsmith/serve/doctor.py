@@ -299,8 +299,34 @@ def check_k(cfg: dict, family: str) -> list[str]:
     return []
 
 
-def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm") -> tuple[list[str], list[str]]:
-    """Return (problems, notes) for ``draft``; no problems means it should serve on ``engine``."""
+def check_serving(draft: Draft, target: Optional[str], k: Optional[int],
+                  max_model_len: Optional[int]) -> tuple[list[str], list[str]]:
+    """K and context against what the draft was trained for (serve/limits.py) -> (problems, notes): K past
+    the family's bound is a problem (serve refuses it), K past the trained depth and a context longer than
+    the training data.max_length are warnings; the trained max_length is always noted where recorded."""
+    from draftsmith.layout import training_max_length
+
+    from .limits import check_k_bound, context_warnings, k_warnings
+
+    problems, notes = [], []
+    try:
+        check_k_bound(draft.config, k, flag="-k")
+    except ServeError as e:
+        problems.append(str(e))
+    notes += k_warnings(draft.config, k)
+    trained = training_max_length(draft.dir)
+    if trained is not None:
+        notes.append(f"trained on rows of at most {trained} tokens (data.max_length): serve with --max-model-len "
+                     f"{trained} or less for the acceptance it was trained for")
+    if target is not None or max_model_len is not None:
+        notes += context_warnings(draft, target or "", max_model_len)
+    return problems, notes
+
+
+def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm", k: Optional[int] = None,
+             max_model_len: Optional[int] = None) -> tuple[list[str], list[str]]:
+    """Return (problems, notes) for ``draft``; no problems means it should serve on ``engine``.
+    ``k`` / ``max_model_len``: the K and context it will be served with (checked against its training)."""
     if draft.is_hub:
         raise ServeError(f"doctor: '{draft.source}' is a hub id; download it and pass the local directory")
     tgt = target_facts(target, draft)
@@ -317,7 +343,13 @@ def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm"
     problems += aux_problems
     # what serve and export change in their copy (the source stays as it is): fixups, not problems
     notes += aux_notes + [f"fixup: {f}" for f in servable_config(draft)[1]]
-    return problems, notes
+    target_dir = None
+    if target:
+        from draftsmith.models import resolve_target
+
+        target_dir = resolve_target(target)
+    serve_problems, serve_notes = check_serving(draft, target_dir, k, max_model_len)
+    return problems + serve_problems, notes + serve_notes
 
 
 __all__ = ["diagnose", "target_facts", "TargetFacts"]

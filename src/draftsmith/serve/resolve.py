@@ -103,9 +103,9 @@ def reject_unservable(config: dict, source: Optional[str] = None) -> None:
     """A family no engine serves (its ``serve_refusal``; Domino: vLLM 0.32 and SGLang have no model for
     its GRU correction head): a :class:`ServeError` (exit 2) that says what does work. ``source``:
     the path the user gave, quoted in the eval command."""
-    refusal = family_of(config).serve_refusal
+    refusal = family_of(config).refusal(config, source)  # the family's, or a variant's it recognises (DFlash 2)
     if refusal:
-        raise ServeError(refusal.format(source=source or "DRAFT"))
+        raise ServeError(refusal)
 
 
 

@@ -54,14 +54,24 @@ def sglang_key(name: str) -> Optional[str]:
 def reject_for_sglang(config: dict, source: Optional[str] = None) -> None:
     """A family SGLang does not serve (``Family.sglang_refusal``): one-line ServeError pointing to vLLM."""
     reject_unservable(config, source)  # served by no engine: pointing it to vLLM would be wrong
-    refusal = family_of(config).sglang_refusal
-    if refusal:
-        raise ServeError(refusal)
+    fam = family_of(config)
+    if fam.sglang_algorithm:  # served by the SGLang releases that have its algorithm (sglang_dflash.py)
+        from .sglang_dflash import reject_block_for_sglang
+
+        reject_block_for_sglang(config)
+        return
+    if fam.sglang_refusal:
+        raise ServeError(fam.sglang_refusal)
 
 
 def sglang_config(config: dict) -> dict:
-    """The config SGLang's ``LlamaForCausalLMEagle3`` needs (a new dict)."""
+    """The config SGLang's ``LlamaForCausalLMEagle3`` needs (a new dict); for a block draft SGLang serves
+    (its family's ``sglang_algorithm``), the z-lab DFlash config vLLM loads too."""
     reject_for_sglang(config)
+    if family_of(config).sglang_algorithm:
+        from .vllm import vllm_config
+
+        return vllm_config(config)
     flags = [k for k in ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
              if config.get(k) or (config.get("eagle_config") or {}).get(k)]
     if flags:

@@ -122,6 +122,9 @@ def default_k(config: dict, k: Optional[int]) -> int:
     if k is not None:
         if k < 1:
             raise ServeError(f"--num-speculative-tokens {k}: must be >= 1")
+        from .limits import check_k_bound
+
+        check_k_bound(config, k)  # past num_depths / block_size - 1 there is nothing to draft with
         return int(k)
     _, value = fam.serve_k.value(config) if fam.serve_k else (None, None)
     if value is None or int(value) + fam.serve_k.offset < 1:
@@ -296,7 +299,10 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(servable_config(draft)[0], dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
-    notes = [prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg)]
+    from .limits import context_warnings, k_warnings
+
+    notes = [prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg),
+             *k_warnings(cfg, spec["num_speculative_tokens"]), *context_warnings(draft, target, max_model_len)]
     if chat_template_kwargs is None and draft.dir is not None:
         from draftsmith.layout import find_meta
 

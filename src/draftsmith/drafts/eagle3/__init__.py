@@ -10,7 +10,7 @@ description, torch-free, which ``drafts/__init__.py`` registers.
 
 from __future__ import annotations
 
-from ..family import Family, WeightRule
+from ..family import Family, KRule, WeightRule
 from .config import Eagle3DraftConfig
 
 __all__ = ["FAMILY", "EAGLE3_ARCHS"]
@@ -31,6 +31,7 @@ FAMILY = Family(
     eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
     serve_k_missing="EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
                     "start, at most the ttt_steps it was trained with)",
+    trained_depth=KRule(("draftsmith.ttt_steps",), why="the training-time-test unroll it was trained with"),
     required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
                    "draft_vocab_size", "target_hidden_size"),
     weight_rules=(WeightRule("mask_hidden", present=False, problem=(

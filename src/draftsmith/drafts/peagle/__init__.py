@@ -26,7 +26,7 @@ FAMILY = Family(
     supervision="eagle3", recognises=recognises, needs_mask_token=True,
     vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", parallel_drafting=True, speculators_type="peagle",
     packing=True,  # doc_ids: attention, positions and COD draws per document (model.py, tests/drafts/test_peagle_packing.py)
-    serve_k=KRule(("num_depths",), why="it is K for parallel drafting"),
+    serve_k=KRule(("num_depths",), why="it is K for parallel drafting", bound=True),
     serve_k_missing="P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens",
     sglang_refusal="P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
                    "`draftsmith serve vllm` (vLLM's parallel drafting)",
