@@ -13,7 +13,8 @@ the optimizer step on one row of T tokens (loss on the last 90%).
 Each (T, V, mode) runs in its own process: a warm-up step at 128 tokens allocates the optimizer state,
 then the resident set is read, the kernel's high-water mark reset (/proc/self/clear_refs 5), one
 T-token step run, and `peak` = high-water mark - resident set before the step: the memory the step
-itself takes on top of weights and optimizer state. `floor` is the same figure for a 128-token step: what
+itself takes on top of weights and optimizer state. The supervision is dropped after backward, before
+the optimizer step, as train/loop.py drops it (Trainer.forward's local). `floor` is the same figure for a 128-token step: what
 a step takes whatever T (parameter grads, autocast's bf16 weight copies, AdamW's temporaries), so
 peak - floor is what grows with T. Modes, side by side:
   before  the code as it was: the engine returns (T, V) logits, one attention block of (h, T, T)
@@ -98,9 +99,9 @@ def one(T: int, V: int, mode: str, intermediate: int, draft_vocab: int, ttt: int
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = draft.supervised(sup)
         out.loss.backward()
+        del sup, out  # as in train/loop.py, where the supervision is Trainer.forward's local: gone before the update
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del sup, out
         return time.perf_counter() - t0
 
     def peak_of(n: int) -> tuple[int, int, float]:

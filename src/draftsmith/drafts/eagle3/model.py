@@ -28,8 +28,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
 from .config import Eagle3Config
-from .ttt import (MAX_BLOCK_ELEMENTS, attention_mask, attention_rows, document_positions, same_document,  # noqa: F401
-                  soft_ce_block, ttt_attention)
+from .ttt import (LOGIT_BLOCK_ELEMENTS, MAX_BLOCK_ELEMENTS, SCORE_BLOCK_ELEMENTS, attention_mask,  # noqa: F401
+                  attention_rows, document_positions, frozen_head, logits_fn, same_document, soft_ce_block,
+                  soft_ce_rows, step_kv, step_rows, ttt_attention, ttt_step_rows)
 
 __all__ = ["Eagle3Draft", "Eagle3Output", "Eagle3Step", "Eagle3Model", "simulated_tau", "shift_left",
            "add_eagle_modules", "attach_target", "summarize", "scalars", "describe", "PROGRESS"]
@@ -253,7 +254,12 @@ def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
     if aux_hidden.shape[-2:] != (self.cfg.num_aux, self.cfg.target_hidden_size):
         raise ValueError(f"aux_hidden {tuple(aux_hidden.shape)} must end in (num_aux={self.cfg.num_aux}, "
                          f"target_hidden_size={self.cfg.target_hidden_size})")
-    aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
+    dev = aux_hidden.device.type
+    if (self.cfg.norm_before_fc or self.cfg.fc_norm or not torch.is_autocast_enabled(dev)
+            or aux_hidden.dtype != torch.get_autocast_dtype(dev)):
+        aux_hidden = aux_hidden.to(self.model.fc.weight.dtype)  # features may arrive in the target's dtype
+    # else fc reads them under autocast in the dtype they have: casting up to fp32 and autocast casting
+    # back is exact, and would hold (B, T, n*Ht) in fp32 through the forward and a second low copy to backward
     if self.cfg.norm_before_fc:  # first, as vLLM: (B, T, n, Ht) -> RMSNorm over n*Ht -> (B, T, n, Ht)
         aux_hidden = self.model.input_norm(aux_hidden.flatten(-2)).unflatten(-1, aux_hidden.shape[-2:])
     if self.cfg.fc_norm:  # EAGLE-3.1: each target layer's state normalised separately
@@ -276,8 +282,8 @@ class Eagle3Draft(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         add_eagle_modules(self, cfg)
-        self.max_score_elements = MAX_BLOCK_ELEMENTS  # attention scores per block (see attention_rows)
-        self.max_logit_elements = MAX_BLOCK_ELEMENTS  # draft-vocab logits per block of loss rows
+        self.max_score_elements = SCORE_BLOCK_ELEMENTS  # attention scores per block (see attention_rows)
+        self.max_logit_elements = LOGIT_BLOCK_ELEMENTS  # draft-vocab logits per block of loss rows
         # train.activation_checkpointing: each TTT step recomputed in backward (keeps its inputs, outputs, K/V)
         self.activation_checkpointing = False
 
@@ -288,6 +294,10 @@ class Eagle3Draft(nn.Module):
     init_from_target = init_from_target
     combine = combine
     compute_logits = compute_logits
+    logits_fn = logits_fn
+    frozen_head = frozen_head
+    # a long row's TTT step in blocks of positions under activation checkpointing (ttt.py)
+    ttt_step_rows, step_kv, step_rows = ttt_step_rows, step_kv, step_rows
 
     def iter_steps(
         self,
@@ -321,7 +331,11 @@ class Eagle3Draft(nn.Module):
         for k in range(cfg.ttt_steps if steps is None else steps):
             cos, sin = self.rotary(positions + k if rope_step_offset else positions)
             args = (h, shift_left(input_ids, k), cos, sin, keys, values, doc_ids)
-            if self.activation_checkpointing and torch.is_grad_enabled():  # keeps the step's inputs and outputs only
+            rows = attention_rows(b * cfg.num_attention_heads, t, self.max_score_elements)
+            ckpt = self.activation_checkpointing and torch.is_grad_enabled()
+            if ckpt and rows < t:  # a long row: blocks of positions, each recomputed on its own in backward
+                h_pre, normed, key, value = self.ttt_step_rows(*args, rows=rows)
+            elif ckpt:  # keeps the step's inputs and outputs only
                 h_pre, normed, key, value = checkpoint(self.ttt_step, *args, use_reentrant=False)
             else:
                 h_pre, normed, key, value = self.ttt_step(*args)
@@ -377,6 +391,7 @@ class Eagle3Draft(nn.Module):
         """
         ce_sums, correct, prefix_hits, counts, loss_counts = [], [], [], [], []
         prefix = None
+        head = None  # the one-block CE's logits, built at its first use
         loss_mask = position_mask if loss_mask is None else loss_mask
         for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False, doc_ids=doc_ids)):
             mask_k = shift_left(position_mask, k).bool()  # (B, T) rows the CE is taken on
@@ -388,15 +403,17 @@ class Eagle3Draft(nn.Module):
             # is the same sum as masking full (B, T, Vd) logits, at a fraction of the cost.
             # Row (b, t) of step k learns target_probs[b, t + k]: gathered, so no shifted (B, T, Vd) copy.
             bi, ti = mask_k.nonzero(as_tuple=True)
-            ti = ti + k
-            normed_k = step.normed[mask_k]  # (N, H)
-            n, vd = normed_k.shape[0], target_probs.shape[-1]
+            n, vd = int(bi.numel()), target_probs.shape[-1]
             rows = max(1, self.max_logit_elements // max(vd, 1))
-            if n <= rows:
-                ce, top = soft_ce_block(self.compute_logits, normed_k, target_probs, bi, ti)
+            if n <= rows:  # one block: autograd keeps its lm_head operand, so every step shares one
+                head = self.logits_fn() if head is None else head
+                ce, top = soft_ce_block(head, step.normed[mask_k], target_probs, bi, ti + k)
             else:  # blocks of rows recomputed in backward: no (N, Vd) logits or probs kept per step
-                parts_k = [checkpoint(soft_ce_block, self.compute_logits, normed_k[a : a + rows], target_probs,
-                                      bi[a : a + rows], ti[a : a + rows], use_reentrant=False) for a in range(0, n, rows)]
+                # Each block gathers its rows of the state the next step keeps anyway (h_pre, or norm(h_pre)
+                # with norm_output) and applies the final norm itself: no (N, H) copy kept per step.
+                states, norm = (step.normed, None) if self.cfg.norm_output else (step.hidden, self.model.norm)
+                parts_k = [checkpoint(soft_ce_rows, self.frozen_head(), states, norm, target_probs, bi[a : a + rows],
+                                      ti[a : a + rows], k, use_reentrant=False) for a in range(0, n, rows)]
                 ce, top = torch.stack([c for c, _ in parts_k]).sum(), torch.cat([h for _, h in parts_k])
             ce_sums.append(ce)
             loss_counts.append(mask_k.sum())
@@ -421,7 +438,7 @@ class Eagle3Draft(nn.Module):
     def supervised(self, sup: Any, generators: RowGenerators = None) -> Eagle3Output:
         """:meth:`forward` on an ``eagle3`` supervision object (read by field name; ``doc_ids`` when its
         rows are packed); EAGLE-3 draws nothing at random, so ``generators`` (one per row) is unused."""
-        return self(sup.aux_hidden.float(), sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask,
+        return self(sup.aux_hidden, sup.input_ids, sup.target_probs, sup.position_mask, sup.loss_mask,
                     getattr(sup, "doc_ids", None))
 
     def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
