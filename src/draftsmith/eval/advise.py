@@ -96,14 +96,16 @@ def ngram_spec(k: int) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
 
 
-def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None, dtype: Optional[str] = None) -> str:
-    """The exact command that serves ``row``'s method and K."""
-    tail = f" --dtype {dtype}" if dtype else ""
+def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None, dtype: Optional[str] = None,
+                  extra: Sequence[str] = ()) -> str:
+    """The exact command that serves ``row``'s method and K (``extra``: further server flags)."""
+    tail = (f" --dtype {dtype}" if dtype else "") + "".join(f" {shlex.quote(a)}" for a in extra)
     if row["kind"] == "none":
         return f"vllm serve {shlex.quote(target)}{tail}"
     if row["kind"] == "draft":
         return (f"draftsmith serve vllm --target {shlex.quote(target)} --draft {shlex.quote(draft_source or '?')} "
-                f"--num-speculative-tokens {row['k']}{tail}")
+                f"--num-speculative-tokens {row['k']}" + (f" --dtype {dtype}" if dtype else "")
+                + (" -- " + " ".join(shlex.quote(a) for a in extra) if extra else ""))
     spec = ngram_spec(row["k"]) if row["kind"] == "ngram" else {"method": "suffix", "num_speculative_tokens": row["k"]}
     return f"vllm serve {shlex.quote(target)}{tail} --speculative-config {shlex.quote(json.dumps(spec))}"
 
@@ -131,7 +133,8 @@ class Served:
         try:
             self.proc.__enter__()
         except ServerStartError as e:
-            raise EvalError(f"vLLM server did not start ({str(e).splitlines()[0][:200]}); see its log {self.log}") from None
+            first = str(e).splitlines()[0][:200]
+            raise EvalError(f"vLLM server did not start ({first}); see its log {self.log}") from None
         try:
             self.model = self.client.get_json(self.base + "/v1/models")["data"][0]["id"]
             self.complete(self.prompts[0], self.warm_tokens)
@@ -160,7 +163,7 @@ class Served:
         return res, time.perf_counter() - t
 
     def time(self, batches: Sequence[int], max_tokens: int, *, rounds: int = 2, probe_k: int = 0,
-             repeats: int = 3) -> dict[int, dict]:
+             repeats: int = 20) -> dict[int, dict]:
         """Per batch size b, ``rounds`` times: the first-token pass (max_tokens=1) and the full pass
         (``max_tokens``, ignore_eos, greedy) with b requests in flight; the fastest of each is kept
         (the least disturbed by other work on the machine), the spec-decode counters are averaged per
@@ -213,15 +216,16 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
 def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,
            batches: Sequence[int] = (1,), max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 2048,
            log_dir: str | os.PathLike = "runs/advise", env: Optional[dict] = None, ready_s: float = 600.0,
-           repeats: int = 3, rounds: int = 2, validate: bool = True, extra: Sequence[str] = ("--seed", "0"),
+           repeats: int = 20, rounds: int = 2, validate: bool = True, server_args: Sequence[str] = (),
            progress: Callable[[str], None] = lambda s: None) -> dict:
     """Measure, fit, predict, recommend and (``validate``) measure the recommendation; -> report dict.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`);
-    ``prompts`` are token ids. Servers: no speculation (kept running to the end: it is the baseline
-    the recommendation is timed against, round for round), ngram at Kmax, suffix at Kmax when
-    installed, each draft at its Kmax, one at a time; the last of these stays up in case it is the
-    recommendation, else one more server for it.
+    ``prompts`` are token ids; ``server_args`` go to every server (and into the printed command).
+    Servers: no speculation (kept running to the end: it is the baseline the recommendation is timed
+    against, round for round), ngram at Kmax, suffix at Kmax when installed, each draft at its Kmax,
+    one at a time; the last of these stays up in case it is the recommendation, else one more
+    server for it.
     """
     from draftsmith.serve.process import free_port
     from draftsmith.serve.vllm import API_SERVER, plan_vllm, require_module, vllm_argv
@@ -235,7 +239,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
     batches = sorted(set(batches))
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    common = dict(dtype=dtype, max_model_len=max_model_len, extra=list(extra))
+    common = dict(dtype=dtype, max_model_len=max_model_len, extra=["--seed", "0", *server_args])
     suffix_ok, suffix_note = suffix_support()
     kmax_of = {label: draft_kmax(d, kmax) for label, d in drafts.items()}
 
@@ -319,14 +323,15 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
                         rec_walls.append(r["wall_full"] if r else base_walls[-1])
                     n = plain[b]["tokens"]
                     rate, base_rate = n / min(rec_walls), n / min(base_walls)
-                    pb["measured"] = {"tokens_per_s": rate, "plain_tokens_per_s": base_rate, "speedup": rate / base_rate,
+                    pb["measured"] = {"tokens_per_s": rate, "plain_tokens_per_s": base_rate,
+                                      "speedup": rate / base_rate,
                                       "tau": 1 + r["accepted"] / r["drafts"] if r and r["drafts"] else 1.0,
                                       "outputs_identical": r is None or r["outputs"] == plain[b]["outputs"],
                                       "rec_walls_s": rec_walls, "plain_walls_s": base_walls}
     for pb in per_batch:
         rec = pb["recommendation"]
-        pb["command"] = serve_command(target, rec, dtype=dtype,
-                                      draft_source=str(drafts[rec["method"]].source) if rec["kind"] == "draft" else None)
+        source = str(drafts[rec["method"]].source) if rec["kind"] == "draft" else None
+        pb["command"] = serve_command(target, rec, dtype=dtype, extra=server_args, draft_source=source)
     return {"target": target, "server": f"python -m {API_SERVER}", "kmax": kmax, "draft_kmax": kmax_of,
             "batches": batches, "max_tokens": max_tokens, "n_prompts": len(prompts), "dtype": dtype,
             "rounds": rounds, "suffix": {"available": suffix_ok, "note": suffix_note},
@@ -352,14 +357,16 @@ def format_report(report: dict) -> str:
                   "  |---|---|---|---|---|---|"]
         for r in pb["predictions"]:
             mark = " <-" if r is pb["recommendation"] or r == pb["recommendation"] else ""
-            lines.append(f"  | {r['method']} | {r['k'] or '-'} | {r['tokens_per_step']:.3f} | {r['step_s'] * 1e3:.2f} | "
+            lines.append(f"  | {r['method']} | {r['k'] or '-'} | {r['tokens_per_step']:.3f} | "
+                         f"{r['step_s'] * 1e3:.2f} | "
                          f"{r['tokens_per_s']:.1f} | {r['set_speedup']:.3f}x{mark} |")
         rec = pb["recommendation"]
         line = f"  recommendation at batch {pb['batch']}: {rec['name']}, predicted {rec['set_speedup']:.3f}x"
         if "measured" in pb:
             ms = pb["measured"]
             err = (rec["set_speedup"] - ms["speedup"]) / ms["speedup"]
-            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs {ms['plain_tokens_per_s']:.1f} tok/s "
+            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs "
+                     f"{ms['plain_tokens_per_s']:.1f} tok/s "
                      f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
         lines += [line, f"  serve it: {pb['command']}"]
     return "\n".join(lines)
@@ -399,7 +406,9 @@ def cmd_advise(args) -> int:
     report = advise(target, prompts, drafts=drafts, kmax=args.kmax, batches=[1, *args.batch],
                     max_tokens=args.max_tokens, dtype=args.dtype, max_model_len=args.max_model_len,
                     log_dir=args.out, env=env, ready_s=args.ready_timeout, repeats=args.repeats,
-                    rounds=args.rounds, validate=not args.no_measure, progress=lambda s: print(s, flush=True))
+                    rounds=args.rounds, validate=not args.no_measure,
+                    server_args=["--enforce-eager"] if args.enforce_eager else [],
+                    progress=lambda s: print(s, flush=True))
     report["prompts"] = str(args.prompts)
     print(format_report(report))
     path = Path(args.out) / "advise.json"
@@ -423,12 +432,15 @@ def register(subparsers) -> None:
     a.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     a.add_argument("--dtype", default="float32", help="the servers' --dtype (default float32)")
     a.add_argument("--max-model-len", type=int, default=2048)
-    a.add_argument("--repeats", type=int, default=3, help="rounds of verification probes (default 3)")
+    a.add_argument("--repeats", type=int, default=20, help="rounds of verification probes; the fastest per j counts (default 20)")
     a.add_argument("--rounds", type=int, default=2, help="timed passes per server and batch; the fastest counts "
                                                            "(default 2)")
     a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
     a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
     a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
+    a.add_argument("--enforce-eager", action="store_true",
+                   help="serve every configuration with vLLM's --enforce-eager (no torch.compile: starts in seconds "
+                        "instead of minutes on CPU; the recommended command then carries it too)")
     a.add_argument("--no-measure", action="store_true", help="predict and recommend only; skip measuring it")
     a.add_argument("--out", default="runs/advise", help="directory for advise.json and the server logs")
     a.set_defaults(func=cmd_advise)

