@@ -65,3 +65,27 @@ def test_serve_commands_and_suffix_note():
         "draftsmith serve vllm --target /m/target --draft runs/d --num-speculative-tokens 1")
     ok, why = suffix_support()
     assert isinstance(ok, bool) and why  # either way the report says why
+
+
+def test_format_report_puts_predicted_and_measured_side_by_side():
+    from draftsmith.eval.advise import format_report
+
+    none = {"name": "none", "method": "none", "kind": "none", "k": 0, "tokens_per_step": 1.0, "step_s": 0.04,
+            "tokens_per_s": 25.0, "speedup": 1.0, "set_speedup": 1.0,
+            "measured": {"speedup": 1.0, "tokens_per_s": 20.0, "plain_tokens_per_s": 20.0, "tau": 1.0}}
+    ngram = {"name": "ngram K=1", "method": "ngram", "kind": "ngram", "k": 1, "tokens_per_step": 1.1, "step_s": 0.06,
+             "tokens_per_s": 18.3, "speedup": 0.73, "set_speedup": 0.75,
+             "measured": {"speedup": 0.7, "tokens_per_s": 14.0, "plain_tokens_per_s": 20.0, "tau": 1.5}}
+    report = {"target": "T", "n_prompts": 2, "max_tokens": 8, "dtype": "float32", "kmax": 1,
+              "suffix": {"note": "no suffix"},
+              "per_batch": [{"batch": 1, "t_plain_s": 0.04, "plain_tokens_per_s": 20.0, "c1": 0.05, "notes": [],
+                             "methods": [{"name": "ngram", "c0": 1.4, "draft_s": 0.0, "one_forward": False, "f": 0.2,
+                                          "u": [0.5]}],
+                             "predictions": [none, ngram], "recommendation": none, "measured": none["measured"],
+                             "command": "vllm serve T"}]}
+    text = format_report(report)
+    assert "| none | - | 1.000 | 40.00 | 25.0 | 1.000x <- |" in text
+    assert "recommendation at batch 1: none, predicted 1.000x, measured 1.000x" in text
+    # (0.75 - 0.7) / 0.7 = +7.1%
+    assert "best speculative: ngram K=1, predicted 0.750x, measured 0.700x (14.0 vs 20.0 tok/s" in text
+    assert "prediction +7.1%" in text and text.endswith("serve it: vllm serve T")

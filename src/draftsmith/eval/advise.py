@@ -213,6 +213,22 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
                         f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
 
 
+def _alternate(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int, plain: dict) -> dict:
+    """Time ``srv`` and the plain server in alternation (so both see the same machine), ``rounds``
+    times each; the fastest pass of each counts. The plain server against itself is 1.0x."""
+    base_walls, walls, r = [], [], None
+    for _ in range(rounds):
+        base_walls.append(plain_srv.time([b], max_tokens, rounds=1)[b]["wall_full"])
+        r = srv.time([b], max_tokens, rounds=1)[b] if srv is not plain_srv else None
+        walls.append(r["wall_full"] if r else base_walls[-1])
+    n = plain[b]["tokens"]
+    rate, base_rate = n / min(walls), n / min(base_walls)
+    return {"tokens_per_s": rate, "plain_tokens_per_s": base_rate, "speedup": rate / base_rate,
+            "tau": 1 + r["accepted"] / r["drafts"] if r and r["drafts"] else 1.0,
+            "outputs_identical": r is None or r["outputs"] == plain[b]["outputs"], "walls_s": walls,
+            "plain_walls_s": base_walls}
+
+
 def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,
            batches: Sequence[int] = (1,), max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 2048,
            log_dir: str | os.PathLike = "runs/advise", env: Optional[dict] = None, ready_s: float = 600.0,
@@ -298,36 +314,33 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
                               "probes": {str(j): ts for j, ts in p["probes"].items()}})
 
         if validate:
-            groups: dict[tuple, list[dict]] = {}
+            # the recommendation, and when that is no speculation the best speculative row too (so the
+            # prediction that speculation loses is itself checked)
+            groups: dict[tuple, list[tuple[dict, dict]]] = {}
             for pb in per_batch:
                 rec = pb["recommendation"]
-                groups.setdefault((rec["kind"], rec["method"], rec["k"]), []).append(pb)
-            for key, pbs in groups.items():
-                kind, label, k = key
-                progress(f"measuring the recommendation {label}{f' K={k}' if k else ''} against no speculation ...")
+                spec_rows = [r for r in pb["predictions"] if r["kind"] != "none"]
+                todo = [rec] + ([recommend(spec_rows)] if rec["kind"] == "none" and spec_rows else [])
+                for row in todo:
+                    groups.setdefault((row["kind"], row["method"], row["k"]), []).append((pb, row))
+            current = last
+            running_first = sorted(groups, key=lambda key: not (current is not None and current[0] == key))
+            for key in running_first:
+                kind, label, k, items = *key, groups[key]
+                progress(f"measuring {label}{f' K={k}' if k else ''} against no speculation ...")
                 if kind == "none":
                     srv = plain_srv
-                elif last is not None and last[0] == key:
-                    srv = last[1]  # still running: timed again, fresh passes
+                elif current is not None and current[0] == key:
+                    srv = current[1]  # still running: timed again, fresh passes
                 else:
-                    if last is not None:
-                        last[1].close()
+                    if current is not None:
+                        current[1].close()
                     srv = start(kind, label, k, tag="check_")
                     stack.callback(srv.close)
-                for pb in pbs:
-                    b = pb["batch"]
-                    base_walls, rec_walls, r = [], [], None
-                    for _ in range(rounds):  # alternate, so both see the same machine
-                        base_walls.append(plain_srv.time([b], max_tokens, rounds=1)[b]["wall_full"])
-                        r = srv.time([b], max_tokens, rounds=1)[b] if srv is not plain_srv else None
-                        rec_walls.append(r["wall_full"] if r else base_walls[-1])
-                    n = plain[b]["tokens"]
-                    rate, base_rate = n / min(rec_walls), n / min(base_walls)
-                    pb["measured"] = {"tokens_per_s": rate, "plain_tokens_per_s": base_rate,
-                                      "speedup": rate / base_rate,
-                                      "tau": 1 + r["accepted"] / r["drafts"] if r and r["drafts"] else 1.0,
-                                      "outputs_identical": r is None or r["outputs"] == plain[b]["outputs"],
-                                      "rec_walls_s": rec_walls, "plain_walls_s": base_walls}
+                    current = (key, srv)
+                for pb, row in items:
+                    row["measured"] = _alternate(plain_srv, srv, pb["batch"], max_tokens, rounds, plain)
+                    pb["measured"] = pb["recommendation"].get("measured")
     for pb in per_batch:
         rec = pb["recommendation"]
         source = str(drafts[rec["method"]].source) if rec["kind"] == "draft" else None
@@ -339,6 +352,13 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
 
 
 # ---------------------------------------------------------------------------------- command line
+def _measured(row: dict) -> str:
+    ms = row["measured"]
+    err = (row["set_speedup"] - ms["speedup"]) / ms["speedup"]
+    return (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs {ms['plain_tokens_per_s']:.1f} tok/s "
+            f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
+
+
 def format_report(report: dict) -> str:
     """The terminal view: per batch the fitted model, every prediction, the recommendation with its
     predicted and measured speed-up side by side, and the command."""
@@ -362,13 +382,12 @@ def format_report(report: dict) -> str:
                          f"{r['tokens_per_s']:.1f} | {r['set_speedup']:.3f}x{mark} |")
         rec = pb["recommendation"]
         line = f"  recommendation at batch {pb['batch']}: {rec['name']}, predicted {rec['set_speedup']:.3f}x"
-        if "measured" in pb:
-            ms = pb["measured"]
-            err = (rec["set_speedup"] - ms["speedup"]) / ms["speedup"]
-            line += (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs "
-                     f"{ms['plain_tokens_per_s']:.1f} tok/s "
-                     f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
-        lines += [line, f"  serve it: {pb['command']}"]
+        others = [r for r in pb["predictions"] if "measured" in r and r is not rec and r != rec]
+        if "measured" in rec:
+            line += _measured(rec)
+        lines.append(line)
+        lines += [f"  best speculative: {r['name']}, predicted {r['set_speedup']:.3f}x" + _measured(r) for r in others]
+        lines.append(f"  serve it: {pb['command']}")
     return "\n".join(lines)
 
 
