@@ -68,7 +68,7 @@ def test_serve_commands_and_suffix_note():
 
 
 def test_format_report_puts_predicted_and_measured_side_by_side():
-    from draftsmith.eval.advise import format_report
+    from draftsmith.eval.advise_cli import format_report
 
     none = {"name": "none", "method": "none", "kind": "none", "k": 0, "tokens_per_step": 1.0, "step_s": 0.04,
             "tokens_per_s": 25.0, "speedup": 1.0, "set_speedup": 1.0,

