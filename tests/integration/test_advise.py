@@ -18,7 +18,7 @@ from draftsmith.cli import main  # noqa: E402
 from draftsmith.eval.prompts import render_prompt  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
 
-KMAX, MAX_TOKENS, PERIOD = 2, 48, 3
+KMAX, MAX_TOKENS, ROUNDS, PERIOD = 2, 96, 5, 3
 QUESTIONS = ["Tell me a joke about cats.", "Write a haiku about the sea.", "What is the capital of France?",
              "How many legs does a spider have?"]
 
@@ -55,7 +55,7 @@ def test_advise_prediction_is_within_15_percent_of_its_measurement(tmp_path, cap
                                for i, q in enumerate(QUESTIONS)))
     code = main(["advise", "--target", str(tmp_path / "target"), "--prompts", str(prompts), "--kmax", str(KMAX),
                  "--max-tokens", str(MAX_TOKENS), "--max-model-len", "512", "--ready-timeout", "300", "--enforce-eager",
-                 "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--out", str(tmp_path / "advise")])
+                 "--rounds", str(ROUNDS), "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--out", str(tmp_path / "advise")])
     printed = capsys.readouterr().out
     print(printed)
     assert code == 0

@@ -157,7 +157,7 @@ class Served:
                 "return_token_ids": True}
         return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
 
-    def _timed(self, jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
+    def timed(self, jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
         t = time.perf_counter()
         with ThreadPoolExecutor(max_workers=b) as pool:
             res = list(pool.map(lambda ids: self.complete(ids, n), jobs))
@@ -176,8 +176,8 @@ class Served:
             firsts, fulls = [], []
             before = settled_counters(self.client, self.base)
             for _ in range(rounds):
-                firsts.append(self._timed(prompts, 1, b)[1])
-                outs, wall = self._timed(prompts, max_tokens, b)
+                firsts.append(self.timed(prompts, 1, b)[1])
+                outs, wall = self.timed(prompts, max_tokens, b)
                 fulls.append(wall)
             diff = counter_diff(before, settled_counters(self.client, self.base))
             probes: dict[int, list[float]] = {j: [] for j in range(1, probe_k + 2)} if probe_k else {}
@@ -186,7 +186,7 @@ class Served:
                 for j in probes:  # a cached prompt + j fresh (reshuffled) tokens, one forward over them
                     jobs = [list(prompts[i % len(prompts)]) + rng.sample(list(prompts[i % len(prompts)]), j)
                             for i in range(b)]
-                    probes[j].append(self._timed(jobs, 1, b)[1])
+                    probes[j].append(self.timed(jobs, 1, b)[1])
             per = diff["per_position"]
             out[b] = {"wall_first": min(firsts), "wall_full": min(fulls), "tokens": sum(len(o) for o in outs),
                       "requests": len(prompts), "outputs": outs, "drafts": diff["drafts"] / rounds,
@@ -214,44 +214,60 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
                         f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
 
 
+def _paired(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int) -> tuple[dict, list, dict]:
+    """Time ``srv`` against the plain server wave by wave (b requests in flight; at b = 1 request by
+    request), alternating, ``rounds`` times: both see the same machine to within a request, so their
+    ratio survives other work that comes and goes within seconds. -> (summed walls {"plain_first",
+    "first", "plain_full", "full"}, ``srv``'s outputs of one round, its counter diff over all rounds)."""
+    waves = [srv.prompts[i:i + b] for i in range(0, len(srv.prompts), b)]
+    tot = {"plain_first": 0.0, "first": 0.0, "plain_full": 0.0, "full": 0.0}
+    before = settled_counters(srv.client, srv.base)
+    outs: list = []
+    for _ in range(rounds):
+        outs = []
+        for w in waves:
+            tot["plain_first"] += plain_srv.timed(w, 1, b)[1]
+            tot["first"] += srv.timed(w, 1, b)[1]
+        for w in waves:
+            tot["plain_full"] += plain_srv.timed(w, max_tokens, b)[1]
+            o, t = srv.timed(w, max_tokens, b)
+            tot["full"] += t
+            outs += o
+    return tot, outs, counter_diff(before, settled_counters(srv.client, srv.base))
+
+
 def _calibrate(plain_srv: "Served", srv: "Served", batches: Sequence[int], max_tokens: int, rounds: int,
                plain: dict) -> dict[int, dict]:
-    """Time the speculative server ``srv`` in alternation with the plain one, ``rounds`` times, and
-    express its walls at the speed the machine had during the plain calibration: both walls x
-    (plain calibration wall / plain wall now, fastest passes). Step costs then come out in the same
-    plain steps whatever else the machine was doing meanwhile (on a shared 2-core box the plain speed
-    drifted by 2x within minutes); the counters are averaged per round."""
-    plain_now, spec = [], []
-    for _ in range(rounds):
-        plain_now.append(plain_srv.time(batches, max_tokens, rounds=1))
-        spec.append(srv.time(batches, max_tokens, rounds=1))
+    """A speculative server's passes, timed in alternation with the still-running plain one
+    (:func:`_paired`) and expressed at the speed the machine had during the plain calibration:
+    wall = plain calibration wall x (its summed walls / the plain server's in the same waves). On
+    this shared 2-core box the plain speed drifted by 2x within minutes; ratios measured side by side
+    do not. Counters are averaged per round."""
     out = {}
     for b in batches:
-        scale = plain[b]["wall_full"] / min(p[b]["wall_full"] for p in plain_now)
-        runs = [r[b] for r in spec]
-        per = [sum(r["per_position"][i] for r in runs) / rounds for i in range(len(runs[0]["per_position"]))]
-        out[b] = {**runs[0], "wall_first": min(r["wall_first"] for r in runs) * scale,
-                  "wall_full": min(r["wall_full"] for r in runs) * scale, "scale": scale,
-                  "raw_wall_full": min(r["wall_full"] for r in runs),
-                  "drafts": sum(r["drafts"] for r in runs) / rounds,
-                  "accepted": sum(r["accepted"] for r in runs) / rounds, "per_position": per}
+        tot, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
+        per = diff["per_position"]
+        out[b] = {"wall_first": plain[b]["wall_first"] * tot["first"] / tot["plain_first"],
+                  "wall_full": plain[b]["wall_full"] * tot["full"] / tot["plain_full"], "paired_walls_s": tot,
+                  "tokens": sum(len(o) for o in outs), "requests": len(srv.prompts), "outputs": outs,
+                  "drafts": diff["drafts"] / rounds, "accepted": diff["accepted"] / rounds,
+                  "per_position": [per[i] / rounds for i in sorted(per)]}
     return out
 
 
 def _alternate(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int, plain: dict) -> dict:
-    """Time ``srv`` and the plain server in alternation (so both see the same machine), ``rounds``
-    times each; the fastest pass of each counts. The plain server against itself is 1.0x."""
-    base_walls, walls, r = [], [], None
-    for _ in range(rounds):
-        base_walls.append(plain_srv.time([b], max_tokens, rounds=1)[b]["wall_full"])
-        r = srv.time([b], max_tokens, rounds=1)[b] if srv is not plain_srv else None
-        walls.append(r["wall_full"] if r else base_walls[-1])
-    n = plain[b]["tokens"]
-    rate, base_rate = n / min(walls), n / min(base_walls)
-    return {"tokens_per_s": rate, "plain_tokens_per_s": base_rate, "speedup": rate / base_rate,
-            "tau": 1 + r["accepted"] / r["drafts"] if r and r["drafts"] else 1.0,
-            "outputs_identical": r is None or r["outputs"] == plain[b]["outputs"], "walls_s": walls,
-            "plain_walls_s": base_walls}
+    """The measured speed-up of ``srv`` over no speculation: summed walls of the same waves, timed
+    in alternation (:func:`_paired`). The plain server against itself is 1.0x by definition."""
+    if srv is plain_srv:
+        rate = plain[b]["tokens"] / plain[b]["wall_full"]
+        return {"tokens_per_s": rate, "plain_tokens_per_s": rate, "speedup": 1.0, "tau": 1.0,
+                "outputs_identical": True, "note": "no speculation is the baseline itself"}
+    tot, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
+    n = sum(len(o) for o in outs) * rounds
+    return {"tokens_per_s": n / tot["full"], "plain_tokens_per_s": n / tot["plain_full"],
+            "speedup": tot["plain_full"] / tot["full"],
+            "tau": 1 + diff["accepted"] / diff["drafts"] if diff["drafts"] else 1.0,
+            "outputs_identical": outs == plain[b]["outputs"], "paired_walls_s": tot}
 
 
 def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,

@@ -112,8 +112,8 @@ def register(subparsers) -> None:
     a.add_argument("--max-model-len", type=int, default=2048)
     a.add_argument("--repeats", type=int, default=20,
                    help="rounds of verification probes; the fastest per j counts (default 20)")
-    a.add_argument("--rounds", type=int, default=2, help="timed passes per server and batch; the fastest counts "
-                                                           "(default 2)")
+    a.add_argument("--rounds", type=int, default=3, help="timed passes per server and batch; the fastest counts "
+                                                           "(default 3)")
     a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
     a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
     a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
