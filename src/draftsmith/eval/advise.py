@@ -21,12 +21,12 @@ What it does, on real vLLM servers (one per configuration, started and always st
    acceptance per position and its proposal rate f. Suffix decoding (when the installed vLLM has it,
    which needs arctic-inference) gets its own run and c0. Each draft gets a run at its Kmax: its
    acceptance per position, and draft_s = (its step - verify(Kmax)) / n_fwd(Kmax). Each of these
-   servers is timed in alternation with the plain one (still running) and its walls rescaled to the
-   plain calibration's speed, so the ratios survive a machine whose speed drifts.
+   servers is timed against the plain one (still running) wave by wave, alternating, and its walls
+   are expressed at the plain calibration's speed, so the ratios survive a machine whose speed drifts.
 4. :mod:`draftsmith.eval.costmodel` predicts tokens/s for no speculation and every method at
-   K = 1..Kmax and recommends the fastest; then a fresh server with that recommendation is timed
-   the same way and the predicted and measured speed-ups (against the plain pass of step 1) are
-   printed side by side, with the exact command to serve it.
+   K = 1..Kmax and recommends the fastest; the recommendation (on the last calibration server when
+   it is that configuration, else on a fresh one) is timed against the plain server the same way,
+   and the predicted and measured speed-ups are printed side by side, with the command to serve it.
 
 Every server sees the same token ids (chat template applied here), primed into its prefix cache
 before any timed pass, so prefill is alike across configurations.
