@@ -326,7 +326,9 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
         plain = plain_srv.time(batches, max_tokens, rounds=rounds, probe_k=kmax, repeats=repeats)
         show("none", plain)
         last: Optional[tuple[tuple, Served]] = None
-        for kind, label, k in specs:
+        # drafts first, ngram last: ngram is the likeliest best speculative row on a CPU, and the last
+        # server stays up for the check (the fit still reads ngram first, for the engine's overhead)
+        for kind, label, k in sorted(specs, key=lambda spec: spec[0] != "draft"):
             if last is not None:
                 last[1].close()
             srv = start(kind, label, k)
