@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("name")
     g.set_defaults(func=cmd_target)
 
+    from draftsmith.eval.advise_cli import register as register_advise
     from draftsmith.eval.cli import register as register_eval
     from draftsmith.remote.cli import register as register_remote
     from draftsmith.serve.cli import register as register_serve
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_recipe(sub)
     register_eval(sub)
+    register_advise(sub)
     register_serve(sub)
     register_remote(sub)
     return p
