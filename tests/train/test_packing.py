@@ -161,8 +161,11 @@ def test_packed_run_trains_the_unpacked_weights_with_less_padding(tiny, tmp_path
     assert on.eval["loss"] == pytest.approx(off.eval["loss"], rel=1e-5)
     assert on.eval["positions"] == off.eval["positions"] and on.eval["step_accuracy"] == off.eval["step_accuracy"]
     a, b = final_weights(off), final_weights(on)
+    # atol 1e-5: AdamW turns float noise in a near-zero gradient element (m / (sqrt(v) + eps), eps 1e-8) into
+    # up to ~6e-6 of weight on some machines (one element of fc and of down_proj on an AVX512 EPYC), still
+    # under 0.1% of the 1.2e-2 that 4 steps at lr 3e-3 can move a weight
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=k)
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 BLOCK = {"mask_token_id": 5, "block_size": 4, "num_draft_layers": 2, "num_anchors": 4}  # 5: never in chatml text
