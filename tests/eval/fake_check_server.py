@@ -3,7 +3,7 @@ surface check reads (/v1/models, /metrics spec-decode counters per position, /se
 /v1/chat/completions with return_token_ids), answering with the EXACT offline decoder
 (:class:`draftsmith.eval.check.OfflineDecoder`) so that a faithful fake serves what offline decodes, and
 a fault (other layer ids, another chat template) changes the served acceptance the way a real
-misconfigured server does. The real-vLLM version of the same checks is tests/integration/test_check.py."""
+misconfigured server does. The real-vLLM version of the same checks is tests/integration/test_check_vllm.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`draftsmith check`: the gap statistics against hand-computed values, the report and plot, the cause
 tests, and the whole command against an in-process fake server that decodes with the exact offline
 decoder (faithful, wrong layer ids, wrong chat template), plus the bad-input errors. No vLLM here:
-tests/integration/test_check.py runs the same command on real vLLM."""
+tests/integration/test_check_vllm.py runs the same command on real vLLM."""
 
 from __future__ import annotations
 
