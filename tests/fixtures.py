@@ -189,3 +189,9 @@ def unsort_aux_ids(ckpt: str | Path, listed: list[int]) -> Path:
     meta = json.loads((ckpt / "meta.json").read_text())
     (ckpt / "meta.json").write_text(json.dumps({**meta, "aux_layer_ids": list(listed)}, indent=2))
     return ckpt
+
+
+def artifacts(d) -> list[Path]:
+    """A cache / regenerate output dir's files, less the engine logs the CLI writes beside them
+    (``engine.log``, ``engine.rank<r>.log``: what vLLM and transformers printed, which varies run to run)."""
+    return sorted(p for p in Path(d).iterdir() if not (p.name.startswith("engine.") and p.name.endswith(".log")))

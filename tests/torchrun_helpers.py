@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from fixtures import artifacts
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -54,7 +55,7 @@ def _is_worker(proc: Path, launcher_pid: int, rank: int) -> bool:
 
 
 def files(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir())}
+    return {p.name: p.read_bytes() for p in artifacts(d)}
 
 
 def assert_same_dirs(got: Path, want: Path) -> None:

@@ -18,6 +18,7 @@ from draftsmith.cache.build import build_cache
 from draftsmith.cache.store import CacheError
 from draftsmith.cli import main
 from draftsmith.config import build_config
+from fixtures import artifacts
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -76,7 +77,7 @@ def test_kill_9_then_resume_gives_the_same_files_as_one_run(tiny, tmp_path):
     for out in ("killed", "whole"):
         cmd, env = cli(*args, "--out", tmp_path / out)
         assert subprocess.run(cmd, env=env, capture_output=True, timeout=300).returncode == 0
-    killed, whole = (sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("killed", "whole"))
+    killed, whole = ([p.name for p in artifacts(tmp_path / d)] for d in ("killed", "whole"))
     assert killed == whole and len(whole) == 41  # 40 shards + manifest, no temporaries
     for name in whole:
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name

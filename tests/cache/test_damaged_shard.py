@@ -21,6 +21,7 @@ from draftsmith.cache.store import CacheError, CacheReader
 from draftsmith.config import build_config
 from draftsmith.data.dataset import Example, collate
 from draftsmith.remote.client import RemoteEngine, RemoteError
+from fixtures import artifacts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "remote"))  # remote_helpers: a real serve-target process
 
@@ -78,8 +79,8 @@ def test_train_names_the_shard_and_the_printed_command_rebuilds_it(tiny, tmp_pat
     assert argv[:2] == ["draftsmith", "cache"] and "CONFIG" in argv and argv[argv.index("--out") + 1] == str(bad)
     r = cli(*[str(path) if a == "CONFIG" else a for a in argv[1:]], "--no-progress")
     assert r.returncode == 0 and "resuming" in r.stdout, r.stderr[-3000:]
-    assert sorted(p.name for p in bad.iterdir()) == sorted(p.name for p in cache.iterdir())
-    for p in cache.iterdir():
+    assert [p.name for p in artifacts(bad)] == [p.name for p in artifacts(cache)]
+    for p in artifacts(cache):
         assert (bad / p.name).read_bytes() == p.read_bytes(), p.name
     assert train_on(path, bad, tmp_path).returncode == 0
 

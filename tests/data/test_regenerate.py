@@ -20,7 +20,7 @@ import torch
 from draftsmith.data.regenerate import RegenError, RegenMismatch, RegenSettings, prompt_segments, regenerate
 from draftsmith.data.regenerated import shard_rows, template_kwargs_of
 from draftsmith.data.sources import load_conversations
-from fixtures import make_tiny_llama, write_jsonl
+from fixtures import artifacts, make_tiny_llama, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVS = [
@@ -233,8 +233,8 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(target, tmp_path):
     r = cli(*args, "--out", killed)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"{n_before} reused" in r.stdout
-    assert sorted(f.name for f in killed.iterdir()) == sorted(f.name for f in whole.iterdir())
-    for f in whole.iterdir():
+    assert [f.name for f in artifacts(killed)] == [f.name for f in artifacts(whole)]
+    for f in artifacts(whole):
         assert (killed / f.name).read_bytes() == f.read_bytes(), f.name
     # a changed setting: one line, exit 2, naming it
     bad = cli(*args[:-1], "--temperature", "0.7", "--out", killed)
