@@ -205,3 +205,21 @@ def test_ticking_redraws_while_an_engine_starts():
             time.sleep(0.05)
     assert out.getvalue().count("\r") > drawn and "[00:05 elapsed" in out.getvalue().rsplit("\r", 1)[1]
     bar.close()
+
+
+def test_an_engine_handler_holding_an_older_stream_is_moved_too(tmp_path):
+    # transformers makes its handler on its first log line with the sys.stderr of that moment, which under a
+    # test runner (or any wrapper) may be a stream that is neither the terminal nor today's sys.stderr
+    import io
+
+    older = io.StringIO()
+    handler = logging.StreamHandler(older)
+    logger = logging.getLogger("transformers.fake_engine")
+    logger.addHandler(handler)
+    try:
+        with console.engine_logs(tmp_path / console.ENGINE_LOG) as path:
+            logger.warning("loading weights")
+        assert handler.stream is older and older.getvalue() == ""  # put back after, written to the log during
+        assert "loading weights" in path.read_text()
+    finally:
+        logger.removeHandler(handler)

@@ -126,22 +126,32 @@ def engine_logs(path: str | os.PathLike) -> Iterator[Path]:
                         d.rmdir()
 
 
-def _handlers() -> list[logging.Handler]:
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    return [h for lg in loggers for h in lg.handlers]
+ENGINE_LOGGERS = ("vllm", "transformers")  # their handlers go to the log whatever stream they hold
+
+
+def _handlers(names: tuple[str, ...] = ()) -> list[logging.Handler]:
+    """Every logger's handlers, or with ``names`` those of the loggers named so or below them."""
+    loggers = [("", logging.getLogger())] + [(n, lg) for n, lg in logging.Logger.manager.loggerDict.items()
+                                             if isinstance(lg, logging.Logger)]
+    return [h for n, lg in loggers if not names or any(n == m or n.startswith(m + ".") for m in names)
+            for h in lg.handlers]
 
 
 def _point_handlers(stream_ids: set[int], to: TextIO) -> list[tuple[logging.StreamHandler, Any]]:
-    """Point every stream handler writing to one of ``stream_ids`` at ``to``; [(handler, old stream)]."""
-    moved = []
+    """Point every stream handler writing to one of ``stream_ids`` at ``to``, and every stream handler of
+    the engines' loggers whatever its stream (a library keeps the sys.stderr of the moment it first logged,
+    which may be an earlier wrapper's); [(handler, old stream)]."""
+    moved, seen = [], set()
+    engine = {id(h) for h in _handlers(ENGINE_LOGGERS)}
     for h in _handlers():
-        if (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                and id(getattr(h, "stream", None)) in stream_ids):
-            try:
-                moved.append((h, h.setStream(to)))
-            except AttributeError:  # a handler whose stream is a property (logging's _StderrHandler): sys.stderr
-                pass  # at each write, which is the log already
+        if (id(h) in seen or not isinstance(h, logging.StreamHandler) or isinstance(h, logging.FileHandler)
+                or not (id(getattr(h, "stream", None)) in stream_ids or id(h) in engine)):
+            continue
+        seen.add(id(h))
+        try:
+            moved.append((h, h.setStream(to)))
+        except AttributeError:  # a handler whose stream is a property (logging's _StderrHandler): sys.stderr
+            pass  # at each write, which is the log already
     return moved
 
 
