@@ -194,4 +194,6 @@ def unsort_aux_ids(ckpt: str | Path, listed: list[int]) -> Path:
 def artifacts(d) -> list[Path]:
     """A cache / regenerate output dir's files, less the engine logs the CLI writes beside them
     (``engine.log``, ``engine.rank<r>.log``: what vLLM and transformers printed, which varies run to run)."""
-    return sorted(p for p in Path(d).iterdir() if not (p.name.startswith("engine.") and p.name.endswith(".log")))
+    from draftsmith.console import is_engine_log
+
+    return sorted(p for p in Path(d).iterdir() if not is_engine_log(p.name))

@@ -45,6 +45,12 @@ def engine_log_name() -> str:
     return ENGINE_LOG if rank == "0" else f"engine.rank{rank}.log"
 
 
+def is_engine_log(name: str) -> bool:
+    """True for a name :func:`engine_log_name` gives (``engine.log``, ``engine.rank<r>.log``): the files an
+    output dir may hold beside what a command writes there."""
+    return name.startswith("engine.") and name.endswith(".log")
+
+
 def out() -> TextIO:
     """The terminal for the command's own lines (``sys.stdout`` outside :func:`engine_logs`)."""
     return _active["out"] if _active else sys.stdout

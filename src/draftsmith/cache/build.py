@@ -116,7 +116,7 @@ def _prepare(out: Path, manifest: dict, plan: _Plan, log: Callable[[str], None])
     if (out / store.MANIFEST).is_file():
         old = store.read_manifest(out)
         _check_resume(old, manifest, out)
-    elif out.exists() and any(not p.name.startswith("engine.") for p in out.iterdir()):  # its engine log may be there
+    elif out.exists() and any(not console.is_engine_log(p.name) for p in out.iterdir()):  # its engine log may be there
         raise CacheError(f"--out {out}: the directory is not empty and holds no {store.MANIFEST}; "
                          f"pass a new or empty --out dir")
     out.mkdir(parents=True, exist_ok=True)
