@@ -255,7 +255,7 @@ class TPRunner:
         t.start()
         pending, deadline = set(range(1, self.tp_size)), time.monotonic() + start_timeout_s
         try:
-            while t.is_alive() or pending:  # a rank that fails stops the wait at once, whoever it is
+            while (t.is_alive() or pending) and "error" not in built:  # a failing rank stops the wait at once
                 for rank in sorted(pending):
                     if self.conns[rank - 1].poll():
                         self._check(rank, self.conns[rank - 1].recv())
@@ -263,9 +263,6 @@ class TPRunner:
                     elif not self.procs[rank - 1].is_alive():
                         raise TargetError(f"target.engine: TP rank {rank} of {self.tp_size} exited (code "
                                           f"{self.procs[rank - 1].exitcode}) while loading; see its output above")
-                if "error" in built:
-                    raise TargetError(f"target.engine: TP rank 0 of {self.tp_size} failed to load: "
-                                      f"{type(built['error']).__name__}: {built['error']}") from built["error"]
                 if time.monotonic() > deadline:
                     raise TargetError(f"target.engine: the {self.tp_size} TP ranks did not all load within "
                                       f"{start_timeout_s:.0f} s (ranks still loading: {sorted(pending) or [0]})")
