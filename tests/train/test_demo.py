@@ -133,3 +133,22 @@ def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capfd):
     assert rows["held-out acceptance"] == "step0 0.342  step1 0.500  step2 0.250   (step k given steps < k accepted)"
     assert rows["held-out tau"] == "1.476 simulated   (loss 5.1000, 9000 positions, draft-vocab coverage 0.987)"
     assert rows["training"] == "692 steps (4 epochs), 581967 tokens at 1176 tok/s, loop 495 s"
+
+
+def test_first_use_materialisation_is_announced_under_a_bar(monkeypatch, capfd):
+    """The demo's one silent stretch was SmolLM2's first materialisation (~30 s after "[1/4]"): it now
+    says what it does (indented under the phase) and draws a bar that completes; a reuse prints nothing."""
+    ready = [False]
+
+    def smollm2(cache_dir=None, log=None):
+        log("first use of the embedded target: materialising ...")
+        ready[0] = True
+
+    monkeypatch.setattr(draftsmith.models, "smollm2_ready", lambda: ready[0])
+    monkeypatch.setattr(draftsmith.models, "smollm2", smollm2)
+    demo.materialise_target(progress=True)
+    term = capfd.readouterr()
+    assert term.out == "  first use of the embedded target: materialising ...\n"
+    assert "materialise target" in term.err and "1/1 model" in term.err
+    demo.materialise_target(progress=True)
+    assert capfd.readouterr() == ("", "")

