@@ -35,6 +35,14 @@ def hf_home(tmp_path_factory):
     data.mkdir()
     write_jsonl(data / "train_sft-00000-of-00001.jsonl", [chat(i, "cat") for i in range(12)])
     write_jsonl(data / "test_sft-00000-of-00001.jsonl", [chat(i, "sea") for i in range(4)])
+    # a repo of two configs (subsets), as openai/gsm8k's main/socratic: README `configs:`, a dir per config
+    multi = repo_snapshot(home / "hub", "dataset", "org/multi")
+    (multi / "README.md").write_text("---\nconfigs:\n- config_name: easy\n  data_files:\n  - split: train\n"
+                                     "    path: easy/train-*\n  - split: test\n    path: easy/test-*\n"
+                                     "- config_name: hard\n  data_files:\n  - split: test\n    path: hard/test-*\n---\n")
+    for config, split, n in (("easy", "train", 6), ("easy", "test", 2), ("hard", "test", 3)):
+        (multi / config).mkdir(exist_ok=True)
+        write_jsonl(multi / config / f"{split}-00000-of-00001.jsonl", [chat(i, f"{config} {split}") for i in range(n)])
     (repo_snapshot(home / "hub", "dataset", "org/pairs") / "data").mkdir()
     rows = [{"prompt": f"Name a colour {i}.", "response": f"Blue {i}."} for i in range(5)]
     pq.write_table(pa.Table.from_pylist(rows), home / "hub" / "datasets--org--pairs" / "snapshots" / COMMIT / "data" /
@@ -87,6 +95,26 @@ def test_dataset_id_with_a_split_slice(offline_cache):
     with pytest.raises(DataError) as err:
         load_conversations(["org/chat:validation"])
     assert "\n" not in str(err.value) and "name a split the repo has as 'org/chat:<split>[<slice>]'" in str(err.value)
+
+
+def test_dataset_repo_of_several_configs(offline_cache):
+    """`org/name:config[:split[slice]]` picks a config; a lone word that names a config is one; none named
+    (and no default) is one line listing them; a config whose only split is not train needs no split."""
+    first = lambda specs: [c[0]["content"] for c in load_conversations(specs)[0]]  # noqa: E731
+    assert hub.is_hub_id("org/multi:easy:test[:1]", dataset=True)
+    assert first(["org/multi:easy"]) == [f"Tell me about the easy train {i}." for i in range(6)]
+    assert first(["org/multi:easy:test[-1:]"]) == ["Tell me about the easy test 1."]
+    assert first(["org/multi:hard"]) == [f"Tell me about the hard test {i}." for i in range(3)]  # its only split
+    assert first(["org/multi:easy:train[2:4]"]) == ["Tell me about the easy train 2.", "Tell me about the easy train 3."]
+    for spec, expect in (("org/multi", "has configs ['easy', 'hard'] and no default; name one as "
+                                       "'org/multi:<config>[:<split>[<slice>]]', e.g. 'org/multi:easy'"),
+                         ("org/multi:medium:train", "no config 'medium' (its configs are ['easy', 'hard'])"),
+                         ("org/chat:cfg:train_sft", "no config 'cfg' (it has no named configs)")):
+        with pytest.raises(DataError) as err:
+            iter_rows(spec)
+        assert "\n" not in str(err.value) and expect in str(err.value), str(err.value)
+    # a slice's own colon is no config separator
+    assert len(first(["org/chat:train_sft[10:]"])) == 2
 
 
 def test_missing_ids_are_one_line_with_the_fetch_command(offline_cache):

@@ -1,7 +1,8 @@
 """Hugging Face hub ids (``org/name``) for targets and datasets, resolved offline-first.
 
 A target ``org/name`` and a data source ``org/name`` or ``org/name:split[slice]`` (e.g.
-``HuggingFaceH4/ultrachat_200k:train_sft[:200000]``) are read from the local hub cache
+``HuggingFaceH4/ultrachat_200k:train_sft[:200000]``), for a repo of several configs (subsets)
+``org/name:config`` or ``org/name:config:split[slice]`` (``openai/gsm8k:main:train[:100]``), are read from the local hub cache
 (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else huggingface_hub's default): the
 ``models--org--name`` / ``datasets--org--name`` folders whose ``refs/main`` names a
 ``snapshots/<commit>/`` directory, as ``hf download`` and ``datasets.load_dataset`` leave them.
@@ -27,8 +28,9 @@ from typing import Iterator, Optional
 
 # org/name: the Hub's own rule (letters, digits, `-`, `_`, `.`), one slash, no path-like leading dot.
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
-# what follows a dataset id: `:split` with an optional `[slice]` (datasets' split syntax)
-_SPLIT = re.compile(r"[A-Za-z0-9_.-]+(\[[^\]]*\])?")
+# what follows a dataset id: `:split` with an optional `[slice]` (datasets' split syntax), or
+# `:config:split[slice]` for a repo of several configs (subsets), e.g. `openai/gsm8k:main:train[:100]`
+_SPLIT = re.compile(r"([A-Za-z0-9_.-]+:)?[A-Za-z0-9_.-]+(\[[^\]]*\])?")
 # local file names that look like org/name: a missing `data/train.jsonl` is a missing file, not a hub id
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".yaml", ".yml", ".safetensors", ".txt", ".csv", ".arrow")
 # what a target needs from a model repo (weights, config, tokenizer, chat template, remote code)
@@ -129,26 +131,29 @@ def model_dir(repo_id: str) -> Path:
 
 
 def dataset_rows(spec: str) -> Iterator[dict]:
-    """The rows of hub dataset ``spec`` (``org/name`` or ``org/name:split[slice]``).
+    """The rows of hub dataset ``spec`` (``org/name``, ``org/name:split[slice]``, ``org/name:config`` or
+    ``org/name:config:split[slice]``).
 
-    The snapshot is found (or the one-line error raised) now; the rows are read when iterated. Without a
-    split: ``train`` when the repo has one, else its only split; several and none named train is an error
-    listing them.
+    The snapshot, config and split are found (or the one-line error raised) now; the rows are read when
+    iterated. Config: the named one, else the repo's only (or default) config; several and none named is
+    an error listing them. Split: the named one, else ``train`` when the config has one, else its only
+    split; several and none named train is an error listing them.
     """
-    repo_id, split = parse_dataset_id(spec)
+    repo_id, rest = parse_dataset_id(spec)
     try:
         import datasets
     except ImportError:
         raise HubError(f"'{spec}': reading a hub dataset needs the datasets package; pip install datasets") from None
     root = snapshot(repo_id, "dataset")
+    config, split = _config_and_split(spec, repo_id, root, rest)
     if split is None:
-        split = _default_split(spec, root)
+        split = _default_split(spec, root, config)
 
     def rows() -> Iterator[dict]:
         bars_were_on = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # one progress line per split is noise in a training log
         try:
-            ds = datasets.load_dataset(str(root), split=split, cache_dir=str(datasets_cache_dir()))
+            ds = datasets.load_dataset(str(root), name=config, split=split, cache_dir=str(datasets_cache_dir()))
         except (ValueError, KeyError, FileNotFoundError) as e:  # unknown split, bad slice, several configs
             raise HubError(f"hub dataset '{spec}': {str(e).strip().splitlines()[0][:240] if str(e).strip() else e!r}; "
                            f"name a split the repo has as '{repo_id}:<split>[<slice>]'") from None
@@ -160,18 +165,59 @@ def dataset_rows(spec: str) -> Iterator[dict]:
     return rows()
 
 
-def _default_split(spec: str, root: Path) -> str:
-    """``train`` when the snapshot has it, else its only split (datasets' file-name rules)."""
-    from datasets.data_files import get_data_patterns
+def _config_names(root: Path) -> list[str]:
+    """The configs (subsets) a snapshot declares in its README (``configs:``); ``[]`` for a plain repo
+    of data files, whose one config datasets calls ``default``."""
+    from datasets import get_dataset_config_names
 
     try:
-        splits = list(get_data_patterns(str(root)))
+        names = list(get_dataset_config_names(str(root)))
+    except Exception:  # no data files datasets recognises: load_dataset will say what it found
+        return []
+    return [] if names == ["default"] else names
+
+
+def _config_and_split(spec: str, repo_id: str, root: Path, rest: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """``rest`` (what follows ``org/name:``) -> (config, split). ``config:split`` is explicit; a lone
+    word is a config when the repo has several configs and it names one (``openai/gsm8k:main``), else
+    a split. Several configs, none named and no default: a one-line error listing them."""
+    configs = _config_names(root)
+    # a colon before any `[` separates config from split (a slice has its own: `train[10%:]`)
+    config, split = (rest.split(":", 1) if rest and ":" in rest.split("[", 1)[0] else (None, rest))
+    if config is None and split is not None and len(configs) > 1 and split in configs:
+        config, split = split, None
+    if config is not None and config not in configs:
+        have = f"its configs are {configs}" if configs else "it has no named configs"
+        raise HubError(f"hub dataset '{spec}': no config '{config}' ({have}); "
+                       f"use '{repo_id}:<split>[<slice>]'" + (f" or '{repo_id}:{configs[0]}:<split>'" if configs else ""))
+    if config is None and len(configs) > 1:
+        from datasets.inspect import get_dataset_default_config_name
+
+        config = get_dataset_default_config_name(str(root))
+        if config is None:
+            raise HubError(f"hub dataset '{spec}' has configs {configs} and no default; name one as "
+                           f"'{repo_id}:<config>[:<split>[<slice>]]', e.g. '{repo_id}:{configs[0]}'")
+    return config, split
+
+
+def _default_split(spec: str, root: Path, config: Optional[str] = None) -> str:
+    """``train`` when the snapshot (the config's data files) has it, else its only split."""
+    try:
+        if config is None:
+            from datasets.data_files import get_data_patterns
+
+            splits = list(get_data_patterns(str(root)))
+        else:
+            from datasets import load_dataset_builder
+
+            splits = [str(s) for s in load_dataset_builder(str(root), name=config).config.data_files or {}]
     except Exception:  # no data files datasets recognises: let load_dataset say what it found
         return "train"
     if "train" in splits or len(splits) != 1:
         if "train" not in splits:
+            named = spec if config is None or spec.endswith(f":{config}") else f"{spec}:{config}"
             raise HubError(f"hub dataset '{spec}' has splits {sorted(splits)} and none is train; name one, "
-                           f"e.g. '{spec}:{sorted(splits)[0]}'")
+                           f"e.g. '{named}:{sorted(splits)[0]}'")
         return "train"
     return splits[0]
 
