@@ -89,3 +89,45 @@ def test_format_report_puts_predicted_and_measured_side_by_side():
     # (0.75 - 0.7) / 0.7 = +7.1%
     assert "best speculative: ngram K=1, predicted 0.750x, measured 0.700x (14.0 vs 20.0 tok/s" in text
     assert "prediction +7.1%" in text and text.endswith("serve it: vllm serve T")
+
+
+def test_paired_passes_alternate_and_start_once_the_other_server_settled(monkeypatch):
+    """vLLM's idle worker spins for 1 s after its last request, so a pass of one server starts only
+    once the other has been idle SETTLE_S; plain and speculative alternate pass by pass, the order
+    flipped every round, and the summed walls are each server's own (fake servers on a fake clock)."""
+    from draftsmith.eval import advise
+
+    clock = [0.0]
+    monkeypatch.setattr(advise, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0]),
+                                                       "sleep": staticmethod(lambda s: clock.__setitem__(0, clock[0] + s))}))
+    monkeypatch.setattr(advise, "settled_counters", lambda client, base: {})
+    monkeypatch.setattr(advise, "counter_diff", lambda a, b: {"drafts": 0, "accepted": 0, "per_position": {}})
+    events = []
+
+    class Fake:
+        client = base = None
+        prompts = [[1, 2], [3, 4], [5, 6]]
+        wait_idle = advise.Served.wait_idle
+
+        def __init__(self, name, step_s):
+            self.name, self.step_s, self.idle_since = name, step_s, 0.0
+
+        def timed(self, jobs, n, b):
+            start = clock[0]
+            clock[0] += self.step_s * n * len(jobs)
+            self.idle_since = clock[0]
+            events.append((self.name, n, start, clock[0]))
+            return [[7] * n for _ in jobs], clock[0] - start
+
+    plain, spec = Fake("plain", 0.010), Fake("spec", 0.004)
+    tot, outs, _ = advise._paired(plain, spec, 1, 8, 2)
+    assert outs == [[7] * 8] * 3
+    passes = [(name, n) for i, (name, n, *_rest) in enumerate(events) if i % 3 == 0]
+    assert passes == [("plain", 1), ("spec", 1), ("plain", 8), ("spec", 8),  # round 0: plain first
+                      ("spec", 1), ("plain", 1), ("spec", 8), ("plain", 8)]  # round 1: flipped
+    for i, (name, _, start, _end) in enumerate(events):
+        other_end = max((e for n2, _, _, e in events[:i] if n2 != name), default=None)
+        if other_end is not None:
+            assert start >= other_end + advise.SETTLE_S - 1e-9, (i, events[i])  # the other one had settled
+    assert tot == pytest.approx({"plain_first": 2 * 3 * 0.010, "first": 2 * 3 * 0.004,
+                                 "plain_full": 2 * 3 * 0.080, "full": 2 * 3 * 0.032})

@@ -21,8 +21,9 @@ What it does, on real vLLM servers (one per configuration, started and always st
    acceptance per position and its proposal rate f. Suffix decoding (when the installed vLLM has it,
    which needs arctic-inference) gets its own run and c0. Each draft gets a run at its Kmax: its
    acceptance per position, and draft_s = (its step - verify(Kmax)) / n_fwd(Kmax). Each of these
-   servers is timed against the plain one (still running) wave by wave, alternating, and its walls
-   are expressed at the plain calibration's speed, so the ratios survive a machine whose speed drifts.
+   servers is timed against the plain one (still running) pass by pass, alternating (each pass once
+   the other server's idle worker has stopped spinning), and its walls are expressed at the plain
+   calibration's speed, so the ratios survive a machine whose speed drifts.
 4. :mod:`draftsmith.eval.costmodel` predicts tokens/s for no speculation and every method at
    K = 1..Kmax and recommends the fastest; the recommendation (on the last calibration server when
    it is that configuration, else on a fresh one) is timed against the plain server the same way,
@@ -127,6 +128,7 @@ class Served:
         self.proc = ServerProcess(list(argv), port, log, env=server_env, ready_s=ready_s, stop_s=60)
         self.client = HttpClient(retries=2, timeout_s=600.0)
         self.model = ""
+        self.idle_since = 0.0  # perf_counter() when the last request to this server ended
 
     def __enter__(self) -> "Served":
         from draftsmith.serve.process import ServerStartError
@@ -155,13 +157,22 @@ class Served:
     def complete(self, ids: Sequence[int], n: int) -> list[int]:
         body = {"model": self.model, "prompt": list(ids), "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
                 "return_token_ids": True}
-        return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
+        try:
+            return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
+        finally:
+            self.idle_since = time.perf_counter()
 
     def timed(self, jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
         t = time.perf_counter()
         with ThreadPoolExecutor(max_workers=b) as pool:
             res = list(pool.map(lambda ids: self.complete(ids, n), jobs))
         return res, time.perf_counter() - t
+
+    def wait_idle(self, seconds: Optional[float] = None) -> None:
+        """Return once this server has had no request for ``seconds`` (default :data:`SETTLE_S`): its
+        worker then sleeps instead of spinning, and takes no CPU from a server being timed."""
+        seconds = SETTLE_S if seconds is None else seconds
+        time.sleep(max(0.0, self.idle_since + seconds - time.perf_counter()))
 
     def time(self, batches: Sequence[int], max_tokens: int, *, rounds: int = 2, probe_k: int = 0,
              repeats: int = 20) -> dict[int, dict]:
@@ -214,25 +225,48 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
                         f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
 
 
+# vLLM's idle workers do not sleep at once: a worker waiting on its shared-memory message queue
+# spins on sched_yield for 1 s after its last message (SpinCondition's busy_loop_s in
+# vllm/distributed/device_communicators/shm_broadcast.py), then blocks on a socket. Two servers timed
+# request by request therefore always had the other one spinning: on 2 cores a 1.2 ms tiny-model step
+# ran up to 7x slower and by a different factor for each server (measured speed-ups 1.45x-4.7x for
+# one configuration). A server is timed only once the other has been idle this long.
+SETTLE_S = 1.2
+
+
+def _pass(srv: "Served", other: "Served", waves: Sequence[Sequence[Sequence[int]]], n: int,
+          b: int) -> tuple[list, float]:
+    """One pass of ``srv`` over ``waves`` (b requests in flight each), once ``other`` has settled ->
+    (outputs, summed wall of the waves)."""
+    other.wait_idle()
+    outs, wall = [], 0.0
+    for w in waves:
+        o, t = srv.timed(w, n, b)
+        outs += o
+        wall += t
+    return outs, wall
+
+
 def _paired(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int) -> tuple[dict, list, dict]:
-    """Time ``srv`` against the plain server wave by wave (b requests in flight; at b = 1 request by
-    request), alternating, ``rounds`` times: both see the same machine to within a request, so their
-    ratio survives other work that comes and goes within seconds. -> (summed walls {"plain_first",
-    "first", "plain_full", "full"}, ``srv``'s outputs of one round, its counter diff over all rounds)."""
+    """Time ``srv`` against the plain server pass by pass (b requests in flight; at b = 1 one request
+    at a time), alternating, ``rounds`` times, the order flipped every round: both see the same
+    machine to within a pass (seconds), so their ratio survives other work that comes and goes, and
+    each pass starts once the other server has settled (:data:`SETTLE_S`). -> (summed walls
+    {"plain_first", "first", "plain_full", "full"}, ``srv``'s outputs of one round, its counter
+    diff over all rounds)."""
     waves = [srv.prompts[i:i + b] for i in range(0, len(srv.prompts), b)]
     tot = {"plain_first": 0.0, "first": 0.0, "plain_full": 0.0, "full": 0.0}
     before = settled_counters(srv.client, srv.base)
     outs: list = []
-    for _ in range(rounds):
-        outs = []
-        for w in waves:
-            tot["plain_first"] += plain_srv.timed(w, 1, b)[1]
-            tot["first"] += srv.timed(w, 1, b)[1]
-        for w in waves:
-            tot["plain_full"] += plain_srv.timed(w, max_tokens, b)[1]
-            o, t = srv.timed(w, max_tokens, b)
-            tot["full"] += t
-            outs += o
+    for r in range(rounds):
+        order = [("plain_", plain_srv, srv), ("", srv, plain_srv)]
+        for key, a, other in (order if r % 2 == 0 else order[::-1]):
+            tot[key + "first"] += _pass(a, other, waves, 1, b)[1]
+        for key, a, other in (order if r % 2 == 0 else order[::-1]):
+            o, t = _pass(a, other, waves, max_tokens, b)
+            tot[key + "full"] += t
+            if a is srv:
+                outs = o
     return tot, outs, counter_diff(before, settled_counters(srv.client, srv.base))
 
 
