@@ -83,7 +83,7 @@ def smollm2(cache_dir: Union[str, os.PathLike, None] = None,
     """
     dest = smollm2_dir(cache_dir)
     root = dest.parent
-    if (dest / COMPLETE_MARKER).is_file():
+    if smollm2_ready(cache_dir):
         return dest
     gguf = _gguf_path()
     if log is None:
