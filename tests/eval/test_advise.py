@@ -75,7 +75,8 @@ def test_format_report_puts_predicted_and_measured_side_by_side():
             "measured": {"speedup": 1.0, "tokens_per_s": 20.0, "plain_tokens_per_s": 20.0, "tau": 1.0}}
     ngram = {"name": "ngram K=1", "method": "ngram", "kind": "ngram", "k": 1, "tokens_per_step": 1.1, "step_s": 0.06,
              "tokens_per_s": 18.3, "speedup": 0.73, "set_speedup": 0.75,
-             "measured": {"speedup": 0.7, "tokens_per_s": 14.0, "plain_tokens_per_s": 20.0, "tau": 1.5}}
+             "measured": {"speedup": 0.7, "tokens_per_s": 14.0, "plain_tokens_per_s": 20.0, "tau": 1.5,
+                          "speedup_rounds": [0.72, 0.7, 0.65]}}
     report = {"target": "T", "n_prompts": 2, "max_tokens": 8, "dtype": "float32", "kmax": 1,
               "suffix": {"note": "no suffix"},
               "per_batch": [{"batch": 1, "t_plain_s": 0.04, "plain_tokens_per_s": 20.0, "c1": 0.05, "notes": [],
@@ -87,19 +88,17 @@ def test_format_report_puts_predicted_and_measured_side_by_side():
     assert "| none | - | 1.000 | 40.00 | 25.0 | 1.000x <- |" in text
     assert "recommendation at batch 1: none, predicted 1.000x, measured 1.000x" in text
     # (0.75 - 0.7) / 0.7 = +7.1%
-    assert "best speculative: ngram K=1, predicted 0.750x, measured 0.700x (14.0 vs 20.0 tok/s" in text
+    assert ("best speculative: ngram K=1, predicted 0.750x, measured 0.700x (14.0 vs 20.0 tok/s without speculation, "
+            "timed in alternation, 3 rounds 0.65x-0.72x;") in text
     assert "prediction +7.1%" in text and text.endswith("serve it: vllm serve T")
 
 
-def test_paired_passes_alternate_and_start_once_the_other_server_settled(monkeypatch):
-    """vLLM's idle worker spins for 1 s after its last request, so a pass of one server starts only
-    once the other has been idle SETTLE_S; plain and speculative alternate pass by pass, the order
-    flipped every round, and the summed walls are each server's own (fake servers on a fake clock)."""
+def test_paired_passes_alternate_with_the_other_server_paused(monkeypatch):
+    """vLLM's idle worker spins for 1 s after its last request, so a pass of one server runs with the
+    other paused (and itself running); plain and speculative alternate pass by pass, the order
+    flipped every round, the walls per round are each server's own, and both run again at the end."""
     from draftsmith.eval import advise
 
-    clock = [0.0]
-    monkeypatch.setattr(advise, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0]),
-                                                       "sleep": staticmethod(lambda s: clock.__setitem__(0, clock[0] + s))}))
     monkeypatch.setattr(advise, "settled_counters", lambda client, base: {})
     monkeypatch.setattr(advise, "counter_diff", lambda a, b: {"drafts": 0, "accepted": 0, "per_position": {}})
     events = []
@@ -107,27 +106,41 @@ def test_paired_passes_alternate_and_start_once_the_other_server_settled(monkeyp
     class Fake:
         client = base = None
         prompts = [[1, 2], [3, 4], [5, 6]]
-        wait_idle = advise.Served.wait_idle
 
         def __init__(self, name, step_s):
-            self.name, self.step_s, self.idle_since = name, step_s, 0.0
+            self.name, self.step_s, self.paused, self.other = name, step_s, False, None
+
+        def pause(self):
+            self.paused = True
+
+        def resume(self):
+            self.paused = False
 
         def timed(self, jobs, n, b):
-            start = clock[0]
-            clock[0] += self.step_s * n * len(jobs)
-            self.idle_since = clock[0]
-            events.append((self.name, n, start, clock[0]))
-            return [[7] * n for _ in jobs], clock[0] - start
+            assert not self.paused and self.other.paused, self.name
+            events.append((self.name, n))
+            return [[7] * n for _ in jobs], self.step_s * n * len(jobs)
 
     plain, spec = Fake("plain", 0.010), Fake("spec", 0.004)
-    tot, outs, _ = advise._paired(plain, spec, 1, 8, 2)
+    plain.other, spec.other = spec, plain
+    walls, outs, _ = advise._paired(plain, spec, 1, 8, 2)
     assert outs == [[7] * 8] * 3
-    passes = [(name, n) for i, (name, n, *_rest) in enumerate(events) if i % 3 == 0]
-    assert passes == [("plain", 1), ("spec", 1), ("plain", 8), ("spec", 8),  # round 0: plain first
-                      ("spec", 1), ("plain", 1), ("spec", 8), ("plain", 8)]  # round 1: flipped
-    for i, (name, _, start, _end) in enumerate(events):
-        other_end = max((e for n2, _, _, e in events[:i] if n2 != name), default=None)
-        if other_end is not None:
-            assert start >= other_end + advise.SETTLE_S - 1e-9, (i, events[i])  # the other one had settled
-    assert tot == pytest.approx({"plain_first": 2 * 3 * 0.010, "first": 2 * 3 * 0.004,
-                                 "plain_full": 2 * 3 * 0.080, "full": 2 * 3 * 0.032})
+    assert events[::3] == [("plain", 1), ("spec", 1), ("plain", 8), ("spec", 8),  # round 0: plain first
+                           ("spec", 1), ("plain", 1), ("spec", 8), ("plain", 8)]  # round 1: flipped
+    assert not plain.paused and not spec.paused
+    expected = {"plain_first": 3 * 0.010, "first": 3 * 0.004, "plain_full": 3 * 0.080, "full": 3 * 0.032}
+    assert walls.keys() == expected.keys()
+    for key, per_pass in expected.items():
+        assert walls[key] == pytest.approx([per_pass] * 2), key
+    assert advise.paired_ratio(walls, "full") == pytest.approx(0.4)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    """One disturbed pass (round 2's speculative one, 3x slow) leaves the ratio at the undisturbed
+    rounds' 0.5, where summed walls would read (0.5 + 0.5 + 3 + 0.5 + 0.5) / 5 = 1.0."""
+    from draftsmith.eval import advise
+
+    walls = {"plain_full": [1.0, 1.1, 1.0, 0.9, 1.0], "full": [0.5, 0.55, 3.0, 0.45, 0.5],
+             "plain_first": [0.2, 0.2, 0.4], "first": [0.1, 0.3, 0.2]}
+    assert advise.paired_ratio(walls, "full") == pytest.approx(0.5)
+    assert advise.paired_ratio(walls, "first") == pytest.approx(0.5)  # ratios 0.5, 1.5, 0.5

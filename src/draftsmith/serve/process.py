@@ -63,11 +63,30 @@ class ServerProcess:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
+    def pause(self) -> None:
+        """Stop the whole group (SIGSTOP): it takes no CPU until :meth:`resume`."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue a group :meth:`pause` stopped (SIGCONT; harmless on a running one)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:  # exited between the poll and the signal
+                pass
+
     def close(self) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
+            try:  # a paused group acts on SIGTERM only once continued
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
             try:
                 self.proc.wait(timeout=self.stop_s)
             except subprocess.TimeoutExpired:

@@ -1,0 +1,38 @@
+"""ServerProcess: a child process group started, paused, resumed and always stopped (no engine:
+Python's own http.server stands in for the HTTP server, with a SIGTERM handler as vLLM's has)."""
+
+import sys
+import time
+
+from draftsmith.serve.process import ServerProcess, free_port
+
+
+def state(pid: int) -> str:
+    """The process state letter from /proc/<pid>/stat ("T" = stopped)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_pause_stops_the_group_resume_continues_it_and_close_ends_a_paused_one(tmp_path):
+    port = free_port()
+    # a handled SIGTERM (uvicorn's graceful shutdown) waits while the process is stopped; an
+    # unhandled one would kill it even then
+    code = ("import http.server, signal, sys; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); "
+            f"http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler).serve_forever()")
+    argv = [sys.executable, "-c", code]
+    srv = ServerProcess(argv, port, tmp_path / "s.log", ready_s=30, health="/", stop_s=20).__enter__()
+    pid = srv.proc.pid
+    try:
+        srv.pause()
+        time.sleep(0.2)
+        assert state(pid) == "T"
+        srv.resume()
+        time.sleep(0.2)
+        assert state(pid) != "T"
+        srv.pause()
+        t = time.monotonic()
+        srv.close()  # SIGTERM alone would wait for a SIGCONT until stop_s and end in SIGKILL
+        assert time.monotonic() - t < 5
+        assert srv.proc.returncode == 7  # its SIGTERM handler ended it
+    finally:
+        srv.close()
