@@ -123,10 +123,11 @@ class Served:
     every prompt for ``warm_s`` seconds) and stopped on ``close`` / ``__exit__``; :meth:`time` can be
     called any number of times while it runs.
 
-    Why ``warm_s``: a speculative server timed right after its start ran slower against the plain one
-    than a minute later (tiny target, ngram: the prediction built on that calibration came out below
-    the later measurement in 10 of 11 runs, by 1-20%); a first pass left out of every timing is the
-    usual benchmarking practice, a few seconds of them cheap beside a server's start."""
+    Why ``warm_s``: without it the prediction built on the calibration just after a speculative
+    server's start came out below the measurement a minute later in 9 of 10 runs (tiny target,
+    ngram; by 1-20%), with it 1 of 3. Why a fresh server times slow is not pinned down (a lone plain
+    server showed no trend); leaving the first passes out of every timing is the usual benchmarking
+    practice anyway, and a few seconds of them are cheap beside a server's start."""
 
     def __init__(self, argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], *,
                  env: Optional[dict] = None, ready_s: float = 600.0, warm_tokens: int = 32,
