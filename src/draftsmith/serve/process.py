@@ -8,11 +8,13 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 
 def free_port() -> int:
@@ -20,6 +22,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Within the block, SIGTERM raises SystemExit(143) instead of ending Python on the spot, so the
+    ``with`` blocks and ``finally`` clauses around it stop (and continue, if paused) the servers this
+    process started; without it a ``timeout`` or a job scheduler's SIGTERM leaves them running, or
+    stopped for good. Outside the main thread (where Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class ServerStartError(RuntimeError):
