@@ -125,9 +125,10 @@ class Served:
 
     Why ``warm_s``: without it the prediction built on the calibration just after a speculative
     server's start came out below the measurement a minute later in 9 of 10 runs (tiny target,
-    ngram; by 1-20%), with it 1 of 3. Why a fresh server times slow is not pinned down (a lone plain
-    server showed no trend); leaving the first passes out of every timing is the usual benchmarking
-    practice anyway, and a few seconds of them are cheap beside a server's start."""
+    ngram; by 1-20%), with it in 1 of 5 (4 came out above, by 4-11%). So whether a fresh server
+    times slow is not pinned down (a lone plain server showed no trend); leaving the first passes
+    out of every timing is the usual benchmarking practice anyway, and a few seconds of them are
+    cheap beside a server's start."""
 
     def __init__(self, argv: Sequence[str], port: int, log: Path, prompts: Sequence[Sequence[int]], *,
                  env: Optional[dict] = None, ready_s: float = 600.0, warm_tokens: int = 32,
