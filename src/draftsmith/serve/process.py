@@ -10,9 +10,9 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
