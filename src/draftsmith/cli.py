@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run N ranks on this machine: execs `torchrun --nproc-per-node N -m draftsmith train ...` "
-                        "(train.batch_size is per rank; multi-node: call torchrun yourself, see the README)")
+                        "(train.batch_size is per rank; multi-node: call torchrun yourself, see docs/guides/distributed.md)")
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("cache", help="run the target once over a config's data and store its features "

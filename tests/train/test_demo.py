@@ -90,8 +90,9 @@ def test_demo_reads_top_to_bottom_and_keeps_engine_output_in_the_log(fake_demo, 
     heads = [line.split(":")[0] for line in lines if line.startswith("[")]
     assert heads == ["[3/4] train from the cache for 483 s (setup took 12 s), then held-out eval, checkpoint and "
                      "vLLM export", "[4/4] real check on vLLM"]  # 1/2: the faked prepare_data's
-    assert lines.index("summary") < len(lines) - 3 and lines[-3] == ""
-    assert lines[-2].startswith("serve it with vLLM") and lines[-1].startswith("  python -m vllm.entrypoints")
+    assert lines.index("summary") < len(lines) - 5 and lines[-5] == ""
+    assert lines[-4].startswith("serve it with vLLM") and lines[-3].startswith("  draftsmith serve vllm --target")
+    assert lines[-2].startswith("or start vLLM yourself") and lines[-1].startswith("  python -m vllm.entrypoints")
     assert "engine" not in term.err and "INFO" not in term.out  # the engines' lines are in the log
     assert (fake_demo / "engine.log").read_text() == "FutureWarning: an engine's warning\nINFO an engine's log line\n"
     assert summary["engine_log"] == str(fake_demo / "engine.log")
@@ -114,6 +115,26 @@ def test_demo_table_has_its_phases_and_the_plain_decode_speed(fake_demo, capfd):
     for got in (summary, saved):
         assert got["phases_s"] == expected and got["plain_decode_tok_s"] == 22.7 and got["wall_s"] == 961.0
     assert '"num_speculative_tokens": 1' in saved["serve_command"]  # the check's best K
+
+
+def test_demo_prints_a_serve_command_that_the_cli_accepts(fake_demo, capfd):
+    """The `draftsmith serve vllm` line the demo ends with, copied as printed, parses with the real CLI
+    parser (it once lacked the required --target and used a -k that serve vllm did not have)."""
+    import shlex
+
+    from draftsmith.cli import build_parser
+
+    demo.run_demo(output=str(fake_demo), progress=False)
+    out = capfd.readouterr().out
+    printed = [ln.strip() for ln in out.splitlines() if " serve vllm " in ln and not ln.strip().startswith("python")]
+    assert len(printed) == 1, out
+    argv = shlex.split(printed[0])
+    assert Path(argv[0]).name == "draftsmith"
+    args = build_parser().parse_args(argv[1:])
+    assert (args.command, args.engine, args.target, args.draft) == ("serve", "vllm", "smollm2", str(fake_demo))
+    assert args.num_speculative_tokens == 1 and args.dtype == "float32" and args.max_model_len == 2048
+    saved = json.loads((fake_demo / "demo_summary.json").read_text())
+    assert saved["draftsmith_serve_command"] == printed[0]
 
 
 def test_demo_without_the_check_says_the_speed_was_not_measured(fake_demo, capfd):

@@ -182,7 +182,7 @@ def register(subparsers) -> None:
     engines = s.add_subparsers(dest="engine", required=True, metavar="ENGINE")
     v = engines.add_parser("vllm", help="python -m vllm.entrypoints.openai.api_server with the draft")
     _common_serve(v, 8000)
-    v.add_argument("--num-speculative-tokens", type=int, default=None,
+    v.add_argument("-k", "--num-speculative-tokens", dest="num_speculative_tokens", type=int, default=None,
                    help="K (default: block_size-1 for DFlash, num_depths for P-EAGLE; required for EAGLE-3)")
     v.add_argument("--method", default=None, choices=["eagle3", "eagle", "dflash"],
                    help="speculative method (default: dflash for DFlash-family drafts, else eagle3)")

