@@ -42,7 +42,7 @@ class TargetConfig:
     engine_kwargs: Optional[dict] = None  # passed to the engine, e.g. {max_model_len: 2048, gpu_memory_utilization: 0.5}
     tp_size: Optional[int] = None  # vllm/sglang tensor-parallel degree (their tensor_parallel_size / tp_size); null = theirs (1)
     device_map: Optional[str] = None  # hf: auto (accelerate spreads the target over the GPUs) | null (on train.device)
-    # engine `remote`: the target runs in `draftsmith serve-target` processes (DESIGN section 7)
+    # engine `remote`: the target runs in `draftsmith serve-target` processes (docs/guides/remote.md)
     remote_urls: list[str] = field(default_factory=list)  # e.g. [http://127.0.0.1:8001, http://127.0.0.1:8002]
     prefetch_depth: int = 1  # supervision requests in flight (0 = synchronous)
     remote_timeout_s: float = 300.0  # per request (connect and each read)

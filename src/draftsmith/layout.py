@@ -1,4 +1,4 @@
-"""Where a run's checkpoints sit on disk, and reading that layout back (DESIGN section 5).
+"""Where a run's checkpoints sit on disk, and reading that layout back (docs/reference/layouts.md).
 
 ``train/checkpoint.py`` writes this layout; ``eval``, ``serve`` and the demo only read it, so the
 reading lives here, below all of them, and none of them imports the trainer's package to find a

@@ -110,7 +110,7 @@ def write(d: Path, config: dict, state: dict, *, fmt: str = "safetensors", token
 
 
 def draftsmith_checkpoint(root: Path, config: dict, state: dict, **kw) -> Path:
-    """The DESIGN section 5 layout: <root>/epoch_0_step_5/model/consolidated/ + vocab + meta.json."""
+    """The checkpoint layout of docs/reference/layouts.md: <root>/epoch_0_step_5/model/consolidated/ + vocab + meta.json."""
     ckpt = root / "epoch_0_step_5"
     write(ckpt / "model" / "consolidated", config, state, **kw)
     save_file({"draft_ids": DRAFT_IDS.clone(), "d2t": DRAFT_IDS - torch.arange(VD), "t2d": state.get("t2d", torch.zeros(V, dtype=torch.bool))},

@@ -1,6 +1,6 @@
 """A TRAINED P-EAGLE checkpoint (not a hand-made one) against the on-disk contract and the vLLM path.
 
-DRAFT_FAMILIES section 3 / DESIGN section 5, key for key: the consolidated config.json and
+the export layout of docs/reference/layouts.md, key for key: the consolidated config.json and
 model.safetensors; then `draftsmith export --to vllm` and the `serve vllm` launch path (its cached
 vllm_export/) with vLLM's names (`model.` stripped, `mask_hidden`/`lm_head`/`d2t`/`t2d` top level,
 `pard_token`), and `serve vllm --print-only`'s speculative config (`parallel_drafting`, K = num_depths).

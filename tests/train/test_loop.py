@@ -109,7 +109,7 @@ def test_train_loss_falls_and_checkpoint_matches_design(tiny, tmp_path):
     for f in ("optim.pt", "rng.pt", "meta.json", "config.yaml", "vocab.safetensors"):
         assert (res.checkpoint / f).is_file()
 
-    # DESIGN section 5, key for key
+    # docs/reference/layouts.md, key for key
     weights = load_file(str(cons / "model.safetensors"))
     assert sorted(weights) == sorted([
         "model.embed_tokens.weight", "model.fc.weight",

@@ -119,7 +119,7 @@ def test_checkpoint_is_the_family_export(full, family):
     assert sorted(weights) == sorted(expected)  # no embed_tokens, no lm_head: the target's are borrowed
     assert weights["fc.weight"].shape == (H, 2 * H)
 
-    # DRAFT_FAMILIES 2.9: the checkpoint's meta records the block draft's own facts
+    # docs/guides/families.md: the checkpoint's meta records the block draft's own facts
     meta = json.loads((res.checkpoint / "meta.json").read_text())
     assert meta["draft_type"] == family and meta["aux_layer_ids"] == ENGINE_IDS[family]
     assert {k: meta[k] for k in ("block_size", "mask_token_id", "target_layer_ids")} == {

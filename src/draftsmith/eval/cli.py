@@ -147,6 +147,6 @@ def register(subparsers) -> None:
     b.add_argument("--out", default="runs/bench-server", help="directory for report.json and acceptance.png")
     b.set_defaults(func=cmd_bench_server)
 
-    from draftsmith.eval.check_cli import register as register_check  # served vs offline (issue 24)
+    from draftsmith.eval.check_cli import register as register_check  # served vs offline
 
     register_check(subparsers)

@@ -1,6 +1,6 @@
 """The `remote` engine: the target runs in `draftsmith serve-target` processes, features come over HTTP.
 
-Behaviour (DESIGN section 7):
+Behaviour (docs/guides/remote.md):
 - several servers (``urls``); each has one keep-alive connection and a lock, so at most one request
   is on the wire per server; requests go to a free healthy server, round robin;
 - ``prefetch_depth`` supervision requests in flight (:meth:`RemoteEngine.supervision`): the oldest is

@@ -1,6 +1,6 @@
 """The tensor data plane: metadata over HTTP, tensor bytes over a private 2-rank process group.
 
-Protocol (DESIGN section 7):
+Protocol (docs/reference/wire.md):
 
 1. Handshake, once per (client, server): the client ``POST /data-plane {"session", "plane"}``; the
    server opens a one-use TCP store on a free port, answers ``{"store_port"}``, and builds rank 0 of a

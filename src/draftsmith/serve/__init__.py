@@ -1,4 +1,4 @@
-"""Serving trained drafts: ``draftsmith serve vllm|sglang``, ``export``, ``doctor`` (DESIGN section 6).
+"""Serving trained drafts: ``draftsmith serve vllm|sglang``, ``export``, ``doctor`` (docs/guides/serving.md).
 
 - ``resolve.py``: find the draft in an ``epoch_*`` dir, ``model/``, ``model/consolidated/``,
   ``consolidated/``, a HF dir, a run dir (via ``LATEST``) or pass a hub id through.

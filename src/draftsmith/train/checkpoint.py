@@ -1,6 +1,6 @@
 """Checkpoints: the servable draft plus everything an exact resume needs.
 
-Layout (DESIGN section 5; the paths and their readers are in :mod:`draftsmith.layout`)::
+Layout (docs/reference/layouts.md; the paths and their readers are in :mod:`draftsmith.layout`)::
 
     <output_dir>/checkpoints/
       epoch_<E>_step_<S>/

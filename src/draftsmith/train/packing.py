@@ -1,4 +1,4 @@
-"""``data.packing``: several conversations per row of the draft's supervision (issue 23, bounded memory).
+"""``data.packing``: several conversations per row of the draft's supervision (bounded memory).
 
 Packing happens at the supervision level. The engine still sees one conversation per row, so each
 conversation's supervision (the EAGLE-3 shift with its zero tail) is exactly its unpacked one; then

@@ -29,7 +29,7 @@ def is_block_config(config: dict) -> bool:
 
 
 # DFlash 2 (SpecForge's Qwen3DFlash2DraftModel): the DFlash keys plus a per-sublayer dynamic conv and a
-# candidate selector (../shared/DRAFT_FAMILIES.md "DFlash 2"); vLLM's own DFlash2DraftModel differs again
+# candidate selector (docs/guides/families.md); vLLM's own DFlash2DraftModel differs again
 DFLASH2_ARCHS = ("Qwen3DFlash2DraftModel", "DFlash2DraftModel")
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 

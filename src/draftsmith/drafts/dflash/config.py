@@ -120,7 +120,7 @@ class DFlashConfig:
 
 
     def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32", draft_type: str = "dflash") -> dict:
-        """config.json as DRAFT_FAMILIES 2.2/3 and vLLM's DFlash loader read it (``aux_layer_ids``
+        """config.json as docs/guides/families.md and vLLM's DFlash loader read it (``aux_layer_ids``
         are engine ids; the on-disk ``target_layer_ids`` are those minus one); ``draft_type``: the
         family that wrote it (DFlash, JetSpec or Domino)."""
         cfg = self
@@ -150,7 +150,7 @@ class DFlashConfig:
 
 
 def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
-    """DFlash's default: one target layer per draft layer, evenly spaced (DRAFT_FAMILIES 2.1)."""
+    """DFlash's default: one target layer per draft layer, evenly spaced (docs/guides/families.md)."""
     return "dflash", draft.num_draft_layers
 
 

@@ -1,6 +1,6 @@
 """Domino: a DFlash draft plus a GRU correction head over the tokens already in the block.
 
-Model math only. DRAFT_FAMILIES 2.7 (SpecForge #571), ``dflash_config.projector_type: domino``:
+Model math only. docs/guides/families.md (SpecForge #571), ``dflash_config.projector_type: domino``:
     prefix_gru = GRU(H -> G, 1 layer, no bias)                     keys prefix_gru.{weight_ih_l0,weight_hh_l0}
     embed_proj = Linear(H + G -> E) -> SiLU -> Linear(E -> V)       keys embed_proj.{0,2}.weight
 With ``shift_label`` (o = 1) block slot k predicts token anchor + k + 1, so all bs slots draft;

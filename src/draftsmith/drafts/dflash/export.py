@@ -24,7 +24,7 @@ def layer_ids_from_export(config: dict) -> list[int]:
 
 
 def checkpoint_meta(model: DFlashDraft) -> dict:
-    """What a DFlash checkpoint's meta.json records besides the trainer's fields (DRAFT_FAMILIES 2.9):
+    """What a DFlash checkpoint's meta.json records besides the trainer's fields (docs/guides/families.md):
     block_size, mask_token_id and target_layer_ids (on-disk convention: engine id - 1)."""
     c = model.cfg
     return {"block_size": c.block_size, "mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)}

@@ -1,7 +1,7 @@
 """JetSpec: the DFlash draft with causal attention inside the block, distilled from the target.
 
 Model math only. Same modules and on-disk format as DFlash (``dflash_config.causal: true``; vLLM
-then runs the block causally). Differences (DRAFT_FAMILIES 2.8):
+then runs the block causally). Differences (docs/guides/families.md):
 - visibility: in-block keys j' <= i (a drafted position never sees the MASK slots after it);
 - loss: forward KL to the target's own next-token distribution. Block position k (k >= 1) predicts
   the token at anchor + k, whose target distribution is the target's logits at sequence position

@@ -11,7 +11,7 @@ Draft (what vLLM's ``qwen3_dflash.py`` serves; n = len(target_layer_ids), H = ta
            (one projection for both), per-head q_norm/k_norm, RoPE at [0..S-1 | anchor + offset];
            r = x + o_proj(attn); x = r + mlp(post_attention_layernorm(r))
     logits = target lm_head(norm(x))                      over the full target vocab
-Visibility (DRAFT_FAMILIES 2.3): a query of block b (anchor a_b) sees context keys j < a_b (strictly
+Visibility (docs/guides/families.md): a query of block b (anchor a_b) sees context keys j < a_b (strictly
 before the anchor: the target has no state for the anchor token yet when it drafts) and the keys
 of its own block, all of them (bidirectional) or j' <= i (``causal``: JetSpec); never another block.
 Block position k predicts the token at a_b + k, so position 0 (the anchor) is never supervised.

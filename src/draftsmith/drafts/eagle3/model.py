@@ -1,6 +1,6 @@
 """EAGLE-3 / EAGLE-3.1 draft: one fused decoder layer over (token embedding, fused target state).
 
-Model math only. Module names equal the on-disk names of DESIGN section 5 (vLLM's
+Model math only. Module names equal the on-disk names of docs/reference/layouts.md (vLLM's
 LlamaForCausalLMEagle3 after stripping the `model.` prefix), so `state_dict()` is the checkpoint.
 
 Inference step (what vLLM computes, and what each training-time-test step reproduces):

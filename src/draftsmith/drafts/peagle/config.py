@@ -80,7 +80,7 @@ class PEagleConfig(Eagle3Config):
                    down_sample_ratio_min=config.get("down_sample_ratio_min", cls.down_sample_ratio_min))
 
     def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json: EAGLE-3's plus the parallel-drafting keys (DRAFT_FAMILIES section 3)."""
+        """config.json: EAGLE-3's plus the parallel-drafting keys (docs/guides/families.md)."""
         out = super().to_export(aux_layer_ids, torch_dtype)
         out.update(
             num_hidden_layers=self.num_draft_layers,
