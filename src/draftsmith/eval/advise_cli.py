@@ -111,12 +111,14 @@ def register(subparsers) -> None:
     a.add_argument("--kmax", type=int, default=4, help="largest K to consider (default 4)")
     a.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     a.add_argument("--dtype", default="float32", help="the servers' --dtype (default float32)")
-    a.add_argument("--max-model-len", type=int, default=2048)
+    a.add_argument("--max-model-len", type=int, default=2048, help="the servers' --max-model-len (default 2048)")
     a.add_argument("--repeats", type=int, default=20,
                    help="rounds of verification probes; the fastest per j counts (default 20)")
-    a.add_argument("--rounds", type=int, default=3, help="timed passes per server and batch; the fastest counts "
+    a.add_argument("--rounds", type=int, default=3, help="timed passes per server and batch, alternating with the "
+                                                           "plain server; the median of the per-round ratios counts "
                                                            "(default 3)")
-    a.add_argument("--chat-template-kwargs", default=None, metavar="JSON")
+    a.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="kwargs for the target's chat template, e.g. '{\"enable_thinking\": false}'")
     a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the servers")
     a.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for each server")
     a.add_argument("--enforce-eager", action="store_true",

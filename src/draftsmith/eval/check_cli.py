@@ -113,7 +113,7 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
             served = measure_served(client, base, facts["model"], items, **serve_kw)
             launched = None
         else:
-            from draftsmith.serve.process import ServerProcess, free_port
+            from draftsmith.serve.process import ServerProcess, ServerStartError, free_port
             from draftsmith.serve.resolve import resolve_draft
             from draftsmith.serve.vllm import plan_vllm
 
@@ -125,9 +125,14 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
             env = {**CHECK_ENV, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
             if log:
                 log(f"serving: {' '.join(plan.argv[2:])} (log {out_dir / 'serve.log'})")
-            with ServerProcess(plan.argv, port, out_dir / "serve.log", env=env, ready_s=ready_s, stop_s=60) as srv:
-                facts = served_facts(client, srv.base)
-                served = measure_served(client, srv.base, facts["model"], items, **serve_kw)
+            try:
+                with ServerProcess(plan.argv, port, out_dir / "serve.log", env=env, ready_s=ready_s, stop_s=60) as srv:
+                    facts = served_facts(client, srv.base)
+                    served = measure_served(client, srv.base, facts["model"], items, **serve_kw)
+            except ServerStartError as e:  # one line, as advise says it: the log has the engine's own words
+                first = str(e).splitlines()[0][:200]
+                raise EvalError(f"vLLM server did not start ({first}); see its log {out_dir / 'serve.log'}, or "
+                                "allow more time with --ready-timeout") from None
             launched = {"argv": plan.argv, "speculative_config": plan.spec}
             facts.update(dtype=facts["dtype"] or dtype, k=k, max_model_len=facts["max_model_len"] or max_model_len,
                          draft_dir=facts["draft_dir"] or plan.prepared.path)
@@ -237,7 +242,7 @@ def register(subparsers) -> None:
                         "server with its own defaults)")
     c.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a started server")
     c.add_argument("--out", default="runs/check", help="directory for check.json, check.png, serve.log")
-    c.add_argument("--no-plot", action="store_true")
-    c.add_argument("--quiet", action="store_true")
+    c.add_argument("--no-plot", action="store_true", help="skip check.png")
+    c.add_argument("--quiet", action="store_true", help="no per-prompt progress lines")
     c.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to the server check starts")
     c.set_defaults(func=cmd_check)

@@ -113,7 +113,8 @@ def register(subparsers) -> None:
                    help="run dir, checkpoint dir (epoch_<E>_step_<S>), model/consolidated or a vLLM export")
     _common(e)
     e.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=None,
-                   help="K drafted tokens per round (default 3; a P-EAGLE draft: its num_depths, at most that)")
+                   help="K drafted tokens per round (default 3 for EAGLE-3; P-EAGLE: its num_depths, at most "
+                        "that; DFlash/JetSpec: block_size - 1; Domino with shift_label: block_size)")
     e.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype the target runs in (default float32, where greedy output is exactly lossless); "
@@ -122,7 +123,7 @@ def register(subparsers) -> None:
                    help="where the target and the draft run: auto (the local rank's GPU when there is one, else "
                         "cpu), cpu, cuda, cuda:N")
     e.add_argument("--no-plain", action="store_true", help="skip plain decoding (no speedup, no lossless check)")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=0, help="sampling seed with --temperature > 0 (default 0)")
     e.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     e.add_argument("--out", default="runs/eval",
                    help="directory for report.json and acceptance.png (default runs/eval)")

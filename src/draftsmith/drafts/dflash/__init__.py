@@ -99,6 +99,6 @@ DOMINO = Family(
     supervision="dflash", recognises=lambda c: is_block_config(c) and _domino(c), **_BLOCK,
     serve_refusal=("draft is a Domino draft (dflash_config.projector_type: domino): its GRU correction head has no "
                    "implementation in vLLM or SGLang, so no engine can serve it; measure it with `draftsmith eval "
-                   "--draft {source}` (exact offline decoding), or train draft.type: dflash or jetspec (the same "
+                   "--draft {source} --prompts mt_bench` (exact offline decoding), or train draft.type: dflash or jetspec (the same "
                    "block draft without the GRU head) to serve it with `draftsmith serve vllm`"),
 )
