@@ -44,7 +44,7 @@ test: install
 # reference pages generated from the code (config keys, CLI, layouts, wire protocol, errors), which
 # tests/test_docs.py holds equal to what the generator writes now.
 docs: install
-	$(BIN)/python -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 docs-ref: install
 	HF_HUB_OFFLINE=1 $(BIN)/python docs/gen_reference.py

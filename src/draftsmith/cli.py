@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--output", default="runs/demo", help="output directory (default runs/demo)")
     d.add_argument("--rows", type=int, default=320, help="ShareGPT prompts the target answers (default 320)")
     d.add_argument("--no-check", action="store_true", help="skip the real check on vLLM at the end")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=cmd_demo)
 
     r = sub.add_parser("regenerate", help="replace every assistant turn of the data with the target's own answer",
@@ -228,9 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--url", default=None, help="base URL of a running OpenAI-compatible server")
     r.add_argument("--model", default=None, help="model name for --url (default: the server's first model)")
     r.add_argument("--concurrency", type=int, default=32, help="requests in flight with --url (default 32)")
-    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--max-new-tokens", type=int, default=1024, help="tokens per regenerated answer at most (default 1024)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (default 1.0: off)")
     r.add_argument("--seed", type=int, default=0, help="sampling seed and --max-rows subset seed")
     r.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='e.g. \'{"enable_thinking": false}\'; kept in the manifest and used by train, eval and serve')
@@ -243,11 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="dtype the vllm/hf engine runs the target in (default bfloat16)")
     r.add_argument("--device", default="auto", help=DEVICE_HELP + " (--engine hf; vllm places the target itself)")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_regenerate)
 
     g = sub.add_parser("target", help="materialise a built-in target and print its path (e.g. `smollm2`)")
-    g.add_argument("name")
+    g.add_argument("name", help="the built-in target: smollm2")
     g.set_defaults(func=cmd_target)
 
     from draftsmith.eval.advise_cli import register as register_advise

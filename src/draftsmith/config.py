@@ -25,7 +25,9 @@ __all__ = ["ConfigError", "RunConfig", "TargetConfig", "DataConfig", "DraftConfi
 
 
 class ConfigError(ValueError):
-    """One or more configuration problems; ``str()`` lists each on its own line."""
+    """The run config (YAML file, AutoModel recipe or ``--set`` overrides) has unknown sections or keys,
+    wrong types or out-of-range values; ``str()`` lists every problem on its own line. Fix: correct each key
+    the message names (docs/reference/config.md lists every key with its type and default)."""
 
     def __init__(self, problems: list[str], source: str = "config"):
         self.problems = problems
@@ -67,25 +69,25 @@ class DataConfig:
     eval_sources: list[str] = field(default_factory=list)  # held-out rows from these sources instead (eval_size ignored, all of data.sources train)
     chat_template: Optional[str] = None  # overrides the tokenizer's chat template
     chat_template_kwargs: Optional[dict] = None  # e.g. {enable_thinking: false}; null = those of a `draftsmith regenerate` source (else none)
-    draft_vocab_size: Optional[int] = 8192  # None = the full target vocab
+    draft_vocab_size: Optional[int] = 8192  # draft vocab size: the special tokens, then the most frequent target tokens of the data; null = the full target vocab
     vocab_cache_dir: Optional[str] = None  # default <output.dir>/cache
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    epochs: int = 1  # passes over the training rows (max_steps / max_time_s may stop earlier)
     max_steps: Optional[int] = None  # optimizer steps; stops early when reached
     max_time_s: Optional[float] = None  # wall-clock budget for the loop (the LR cosine is fitted to it); a final checkpoint follows
     batch_size: int = 2  # micro-batch size (conversations)
-    grad_accum: int = 1
+    grad_accum: int = 1  # micro-batches per optimizer step (gradients accumulated)
     group_by_length: bool = False  # batch conversations of similar length (~8% less padding at batch 2); seeded
-    lr: float = 1e-4
-    weight_decay: float = 0.0
+    lr: float = 1e-4  # peak learning rate (after warmup; the cosine decays from it)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
     optimizer: str = "adamw"  # adamw | muon (torch.optim.Muon on the 2-D hidden weights, AdamW on the rest)
     muon_lr: Optional[float] = None  # Muon's lr (null = train.lr: its update is RMS-matched to AdamW's)
     muon_weight_decay: Optional[float] = None  # null = train.weight_decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    warmup_steps: int = 0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (beta1, beta2)
+    warmup_steps: int = 0  # optimizer steps of linear LR warmup before the cosine
     warmup_fraction: Optional[float] = None  # warm up over this fraction of the optimizer steps instead (AutoModel's warmup_ratio); null = warmup_steps
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     max_grad_norm: float = 0.5  # 0 disables clipping
@@ -94,12 +96,12 @@ class TrainConfig:
     # for long contexts and many layers, ~1 more forward of the draft per step; the same loss and gradients.
     # EAGLE-3 recomputes each TTT step, P-EAGLE and the DFlash family each draft layer
     activation_checkpointing: bool = False
-    seed: int = 0
-    log_every: int = 10
+    seed: int = 0  # draft init, data order, held-out split and max_rows subsets
+    log_every: int = 10  # optimizer steps between tensorboard / W&B scalars
     eval_every: int = 0  # optimizer steps; 0 = only at the end
     save_every: int = 0  # optimizer steps; 0 = only at the end
     save_every_epoch: bool = False  # a checkpoint at the end of every epoch too (epoch_<E>_step_<S>, LATEST moved)
-    eval_max_batches: Optional[int] = None
+    eval_max_batches: Optional[int] = None  # held-out batches per evaluation; null = all of them
     spec_eval_every: int = 0  # optimizer steps; real speculative decoding on held-out prompts (hf engine); 0 = off
     spec_eval_prompts: int = 8  # held-out conversations that spec_eval_every decodes (K = draft.ttt_steps)
     num_threads: Optional[int] = None  # torch intra-op threads (default: torch's choice)
@@ -112,7 +114,7 @@ class TrainConfig:
 
 @dataclass
 class OutputConfig:
-    dir: str = "runs/draftsmith"
+    dir: str = "runs/draftsmith"  # run directory: checkpoints/, cache/, tensorboard/
     tensorboard: bool = True  # <dir>/tensorboard
     # the same scalars to Weights & Biases too (the optional extra: pip install 'draftsmith[wandb]'), rank 0 only
     wandb: bool = False

@@ -16,7 +16,9 @@ import torch
 
 
 class DistError(ValueError):
-    """A bad device or launch setting; the message names it and the fix."""
+    """A bad device or launch setting: ``train.device`` / ``--device`` naming a device this machine lacks,
+    or torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK) that do not fit. Fix: pick a device that exists
+    (``auto``, ``cpu``, ``cuda:N``), or launch with torchrun (``draftsmith train --nproc N``)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from typing import Any, Optional
 
 
 class HttpError(ValueError):
-    """A request refused by the server, or still failing after every retry; the message names the URL."""
+    """An HTTP request the server refused (4xx), or that still failed after every retry (connection
+    errors, 5xx, 429); the message names the URL and the server's answer. Fix: check that the server at
+    that URL is up and accepts the request; callers raise their own error class instead (``error=``)."""
 
 
 @dataclass

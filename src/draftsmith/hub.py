@@ -38,7 +38,9 @@ MODEL_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "
 
 
 class HubError(ValueError):
-    """A hub id that cannot be resolved: the message is one line naming the id and the fix."""
+    """A hub id (``org/name``) that cannot be resolved: it is not in the local Hugging Face cache and
+    cannot be downloaded (HF_HUB_OFFLINE set, no network, no huggingface_hub). Fix: run the
+    ``hf download`` command the message names, or pass a local directory."""
 
 
 def is_hub_id(spec: str, dataset: bool = False) -> bool:

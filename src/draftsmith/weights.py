@@ -18,12 +18,15 @@ MAX_HEADER = 100_000_000  # a safetensors header longer than this is a corrupt l
 
 
 class CheckpointError(ValueError):
-    """A checkpoint or weight file that cannot be used; the message names the path and the fix."""
+    """A checkpoint or weight file that cannot be used: incomplete, truncated, corrupt, or written for
+    another draft type, target or data. Fix: the message names the path; resume from another checkpoint
+    (or start a new ``output.dir``), or re-export the draft."""
 
 
 class DamagedFile(ValueError):
-    """What is wrong with a safetensors file, without a fix: each caller knows the one that fits its
-    file (re-export a draft, rebuild a cache shard) and raises its own error with it."""
+    """A safetensors file that is truncated or corrupt (its header or size does not add up). Fix: none
+    here; each caller knows the one that fits its file (re-export a draft, rebuild a cache shard) and
+    raises its own error with it."""
 
 
 def safetensors_layout(path: str | Path, noun: str = "file") -> tuple[dict, int]:

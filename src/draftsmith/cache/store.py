@@ -39,7 +39,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class CacheError(TargetError):
-    """An offline feature cache is missing, incomplete or built for other settings; names the fix.
+    """An offline feature cache that is missing, incomplete, damaged or built for other settings (target,
+    data, layer ids, dtype). Fix: rerun ``draftsmith cache`` with the same ``--out`` to complete it, or pass a
+    new ``--out`` for these settings.
 
     A :class:`TargetError`, so the CLI prints it as one line (exit 2) and serve-target answers 400."""
 

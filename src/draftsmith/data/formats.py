@@ -21,7 +21,9 @@ from typing import Any, Optional
 
 
 class DataError(ValueError):
-    """Bad training data: the message names the file/row/key, what was expected and the fix.
+    """Training data that cannot be read as conversations (a missing file, a bad row, role or key); the
+    message names the file, row and key and what was expected. Fix: repair or drop what it names, or point
+    ``data.sources`` elsewhere.
 
     ``kind`` is a short, row-independent category (e.g. ``"unknown role"``) used to tally bad rows
     in :class:`draftsmith.data.sources.DataReport`; it defaults to the message itself.

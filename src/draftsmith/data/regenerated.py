@@ -22,11 +22,15 @@ VERSION = 1
 
 
 class RegenError(DataError):
-    """Bad regeneration input or a resume that does not match what the output dir was written with."""
+    """``draftsmith regenerate`` input that cannot work: a flag value, a target without a chat template, an
+    answering server that fails, a damaged output dir. Fix: correct what the message names and rerun the
+    same command; it resumes from the shards already written."""
 
 
 class RegenMismatch(RegenError):
-    """The output dir was regenerated with other settings (or by another version's fingerprinting)."""
+    """The ``--out`` dir of ``draftsmith regenerate`` was written with other settings (or by another
+    version's fingerprinting), so resuming it would mix two datasets. Fix: rerun with the settings the
+    message lists, or pick another ``--out``."""
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -63,7 +63,9 @@ KNOWN_FAMILIES = FAMILIES.keys()  # a live view: every registered family trains,
 
 
 class DraftError(ValueError):
-    """A draft family or checkpoint this build cannot handle; the message names it and the fix."""
+    """A draft family or draft config.json this build cannot handle: an unknown ``draft.type``, a family
+    registered twice, a config.json of one family given to another's loader. Fix: use a family the message
+    lists, or load the draft with the family it names."""
 
 
 def register(family: Family, *, replace: bool = False) -> Family:

@@ -11,4 +11,6 @@ Nothing here is imported by ``import draftsmith``; heavy modules load lazily.
 
 
 class EvalError(ValueError):
-    """Evaluation or benchmark input that cannot work; the message names the file/URL/value and the fix."""
+    """Input to ``eval``, ``bench-server``, ``check`` or ``advise`` that cannot work: a prompt file, URL,
+    flag value or draft/target pair; the message names it. Fix: correct what it names (the flag's help
+    says what it takes)."""

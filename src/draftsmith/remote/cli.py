@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang", "cache"],
                    help="how the target runs here (cache: serve an offline feature cache, see --cache-dir)")
     p.add_argument("--cache-dir", default=None, help="with --engine cache: the DIR `draftsmith cache` wrote")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype the target runs in (default float32)")
     p.add_argument("--device", default="auto",
                    help="where the hf engine runs the target (the cache engine: where it returns features): auto "
                         "(the local GPU when there is one, else cpu), cpu, cuda, cuda:N (vllm and sglang place the "

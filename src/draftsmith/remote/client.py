@@ -51,7 +51,9 @@ from draftsmith.targets.contract import TargetError, supervision_from_tensors, s
 
 
 class RemoteError(TargetError):
-    """The remote target cannot serve this run (all servers down, token rejected, bad request)."""
+    """The remote target cannot serve this run: a bad ``target.remote_*`` setting, every server down after
+    the retries, a token rejected (401), a request the servers refuse. Fix: start
+    ``draftsmith serve-target`` at the URLs it names, or correct the setting or token file it names."""
 
 
 class _Down(Exception):

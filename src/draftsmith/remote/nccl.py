@@ -35,7 +35,7 @@ from torch import Tensor
 
 from draftsmith.remote.wire import DTYPES
 
-PLANES = ("auto", "nccl", "gloo", "wire")
+PLANES = ("auto", "nccl", "gloo", "wire")  # target.remote_data_plane: auto = nccl when both sides have CUDA on different GPUs, else the wire
 # Dtypes NCCL cannot carry as themselves (or that we keep byte-exact): sent as uint8 views.
 BYTE_VIEW_DTYPES = {"bool", "int8", "int16"}
 PROBE = bytes(b"DSPLANE1")  # the handshake's first transfer, server -> client

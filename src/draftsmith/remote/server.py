@@ -55,7 +55,9 @@ from draftsmith.targets.contract import (SUPERVISION, TargetError, ascending_lay
 
 
 class ServeTargetError(TargetError):
-    """`serve-target` was started with settings that are unsafe or inconsistent."""
+    """``draftsmith serve-target`` was started with settings that are unsafe or inconsistent: a
+    non-loopback ``--host`` without a token, engine flags that do not fit ``--engine``. Fix: change the
+    flag the message names (or pass ``--auth-token-file`` / ``--insecure`` for a non-loopback bind)."""
 
 
 MAX_VOCAB_MAPS = 8  # distinct draft vocabularies kept per server (one per concurrent run, in practice)

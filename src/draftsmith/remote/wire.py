@@ -27,10 +27,10 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-MAGIC = b"DSTF"
-VERSION = 1
+MAGIC = b"DSTF"  # the first 4 bytes of every frame
+VERSION = 1  # the frame layout version; a decoder refuses any other
 _PREFIX = struct.Struct("<4sHHI")  # magic, version, reserved, header length
-PREFIX_SIZE = _PREFIX.size  # 12
+PREFIX_SIZE = _PREFIX.size  # bytes before the JSON header (12)
 
 # The dtype whitelist: wire name -> (torch dtype, bytes per element).
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -51,7 +51,8 @@ if sys.byteorder != "little":  # raw tensor bytes are written in host order; the
 
 
 class FrameError(ValueError):
-    """A frame is malformed or exceeds a limit; the message says which field and why.
+    """A tensor frame that is malformed or exceeds a limit; the message says which field and why. Fix:
+    client and server must run the same draftsmith; raise ``--max-body-mb`` for a frame over the body limit.
 
     ``status`` is the HTTP status a server answers with (400 malformed, 413 over a limit); ``redo``
     names what the client must send again before retrying (``vocab-map``, ``data-plane``), if anything.
@@ -68,8 +69,8 @@ class Limits:
 
     max_body: int = 1 << 30  # bytes of a whole frame (1 GiB)
     max_header: int = 1 << 16  # bytes of JSON header
-    max_tensors: int = 16
-    max_ndim: int = 6
+    max_tensors: int = 16  # tensors in one frame
+    max_ndim: int = 6  # dimensions of one tensor
     max_elements: int = 1 << 28  # summed over all tensors of a frame
 
 

@@ -227,8 +227,8 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
                  num_speculative_tokens: Optional[int] = None, dflash_causal: bool = False) -> Path:
     """``draftsmith export --to vllm|sglang|speculators``: a standalone engine-ready copy at ``dst``.
 
-    ``target`` (the target's path or hub id) is required for ``speculators``, which records it as the
-    verifier so ``vllm serve <dst>`` needs nothing else; ``num_speculative_tokens`` defaults as in
+    ``target`` (the target's path or hub id) is required for ``speculators``, which records it (its
+    ``verifier`` field) so ``vllm serve <dst>`` needs nothing else; ``num_speculative_tokens`` defaults as in
     ``serve vllm``.
     """
     draft = resolve_draft(src)
@@ -250,7 +250,7 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
 
         if not target:
             raise ServeError("export --to speculators: --target is required (the target path or hub id vLLM "
-                             "should load as the verifier)")
+                             "should load as the target)")
         cfg = speculators_config(config, target=target, k=num_speculative_tokens, dflash_causal=dflash_causal)
         return build_copy(draft, Path(dst), key_map=vllm_key, config=cfg)
     raise ServeError(f"export --to {to!r}: expected one of vllm, sglang, speculators")

@@ -45,7 +45,9 @@ def sigterm_exits() -> Iterator[None]:
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or did not answer its health URL in time; the message ends with its log."""
+    """A vLLM / SGLang server that ``check`` or ``advise`` started exited, or did not answer its health URL
+    in time; the message ends with the tail of its log. Fix: read that log (a missing engine, too little
+    memory, a bad flag), or allow more time (``--ready-timeout``)."""
 
 
 class ServerProcess:

@@ -36,11 +36,14 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class ServeError(ValueError):
-    """A draft that cannot be served or exported as asked; the message names the file and the fix."""
+    """A draft that cannot be served or exported as asked: a path with no draft in it, weights that do not
+    fit config.json, a family or K the engine does not serve. Fix: the message names the file or flag and
+    what works instead (another K, ``--to``, engine or family)."""
 
 
 class EngineMissing(ServeError):
-    """The inference engine (or a library a step needs) is not importable; the message has the install hint."""
+    """The inference engine (vLLM, SGLang) or a library a step needs is not importable in this Python.
+    Fix: install it with the command the message gives, or use ``--print-only`` to see the command."""
 
 
 @dataclass

@@ -86,27 +86,38 @@ class Engine(Protocol):
     the remote engine computes supervision on its servers.
     """
 
-    def info(self) -> TargetInfo: ...
+    def info(self) -> TargetInfo:
+        """Static facts about the target (layers, sizes, dtype, rope)."""
+        ...
 
-    def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features: ...
+    def features(self, batch: Batch, layer_ids: Sequence[int], *, logits: bool) -> Features:
+        """Hidden states at ``layer_ids`` (vLLM convention) for ``batch``, and the logits when ``logits``."""
+        ...
 
     def embeddings(self) -> "Tensor":  # (V, H) input embedding
+        """The target's input embedding, (V, H)."""
         ...
 
     def lm_head_weight(self) -> "Tensor":  # (V, H) output projection; TargetError when unavailable
+        """The target's output projection, (V, H); a TargetError when the engine cannot give it."""
         ...
 
     def final_norm_weight(self) -> "Tensor":  # (H,) final norm weight; TargetError when unavailable
+        """The target's final norm weight, (H,); a TargetError when the engine cannot give it."""
         ...
 
     def set_vocab_map(self, draft_ids: Optional["Tensor"]) -> None:  # (Vd,) int64, None = full vocab
+        """Project supervision onto the draft vocab ``draft_ids`` (Vd,) int64; None = the full vocab."""
         ...
 
     def supervision(self, kind: str, batches: Iterable[Batch],
                     layer_ids: Sequence[int]) -> Iterator[tuple[Batch, Any]]:  # (batch, supervision) in order
+        """``(batch, supervision of kind)`` for each of ``batches``, in order."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the engine (processes, GPU memory, connections)."""
+        ...
 
 
 class ColocatedEngine:

@@ -47,7 +47,9 @@ if TYPE_CHECKING:
 
 
 class TargetError(ValueError):
-    """A target, engine or layer-id setting is wrong; the message names the key and the fix."""
+    """A target, engine or layer-id setting that does not fit the target: a path with no model, layer
+    ids out of range, an engine option it does not take. Fix: correct the ``target.*`` key or flag the
+    message names (it gives the valid range)."""
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

@@ -53,7 +53,10 @@ PROGRESS = {"acc": "acc1", "tau": "accept_len"}
 
 
 class NoValidAnchors(ValueError):
-    """No row of a batch has an assistant token with a whole block after it (a micro-batch to skip)."""
+    """No row of a DFlash-family batch has an assistant token with a whole block after it, so there is
+    nothing to learn from it; the trainer catches it and takes a zero loss for that micro-batch. Fix: none
+    for one batch; when it is every batch, longer answers, a larger ``data.max_length`` or a smaller
+    ``draft.block_size``."""
 
 
 # ---------------------------------------------------------------------------------- blocks and mask

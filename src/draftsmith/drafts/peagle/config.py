@@ -25,7 +25,7 @@ class PEagleDraftConfig(EagleDraftConfig):
     mask_token_id: Optional[int] = None  # required: a reserved/unused target token id (the mask slots' token)
     num_draft_layers: int = 4  # layer 0 is the fused 2H EAGLE-3 layer, the rest plain decoder layers
     down_sample_ratio: float = 0.7  # COD: depth d keeps max(r^d, r_min) of the candidate anchors
-    down_sample_ratio_min: float = 0.2
+    down_sample_ratio_min: float = 0.2  # COD: the floor r_min of that kept fraction
 
     def problems(self) -> list[str]:
         p = []
