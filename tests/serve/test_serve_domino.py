@@ -62,7 +62,7 @@ def test_serve_vllm_refuses_a_trained_domino_with_a_pointer_to_eval_and_dflash(d
     before = tree_digest(run_dir)
     for draft in (run_dir, ckpt, ckpt / "model" / "consolidated"):  # every path serve resolves
         line = refused(capsys, "serve", "vllm", "--target", str(target), "--draft", str(draft))
-        assert "Domino" in line and f"`draftsmith eval --draft {draft}`" in line, line
+        assert "Domino" in line and f"`draftsmith eval --draft {draft} --prompts mt_bench`" in line, line
         assert "dflash or jetspec" in line and "draftsmith serve vllm" in line, line
     assert tree_digest(run_dir) == before  # nothing exported, no config fixed up
 
