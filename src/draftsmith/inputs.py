@@ -10,8 +10,10 @@ the rows they start from.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 from draftsmith.config import ConfigError, RunConfig
 from draftsmith.data.dataset import Example, build_examples, holdout_from_sources, split_holdout
@@ -19,6 +21,7 @@ from draftsmith.data.formats import DataError
 from draftsmith.data.regenerated import template_kwargs_of
 from draftsmith.data.sources import load_conversations
 from draftsmith.drafts import get_family
+from draftsmith.drafts.rope import rope_of_config, rope_problems, with_original_len
 from draftsmith.targets.contract import ascending_layer_ids, default_layer_ids, validate_layer_ids
 
 
@@ -33,6 +36,33 @@ def resolve_template_kwargs(cfg: RunConfig) -> dict:
                            f"{json.dumps(made_with)}; drop the key (the data's kwargs are used) or regenerate the data "
                            "with the kwargs you will serve with"])
     return dict(asked if asked is not None else made_with or {})
+
+
+def check_target_rope(target: Union[Any, str, os.PathLike]) -> None:
+    """Refuse a target whose RoPE a draft cannot copy (drafts/rope.py: the types vLLM serves for a draft
+    and draftsmith trains), as a one-line ConfigError naming rope_type, its value and the supported ones.
+
+    ``target``: a checkpoint dir, whose config.json is read before any engine loads the weights
+    (transformers itself fails on an unknown rope_type, with a traceback; nothing is checked when there
+    is no readable config.json), or a TargetInfo (what every engine reports), checked before the draft
+    is built."""
+    if isinstance(target, (str, os.PathLike)):
+        path = Path(target) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        text = config.get("text_config") or config
+        heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
+        head_dim = text.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                            and heads > 0 else None)
+        scaling, where = rope_of_config(config)[1], str(path)
+    else:
+        scaling = with_original_len(target.rope_scaling, target.max_position_embeddings)
+        head_dim, where = target.head_dim, "the target's rope_parameters"
+    problems = rope_problems(scaling, head_dim if isinstance(head_dim, int) else None, where=where)
+    if problems:
+        raise ConfigError(problems, source="target")
 
 
 def aux_layer_ids(cfg: RunConfig, num_layers: int) -> list[int]:

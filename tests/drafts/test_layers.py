@@ -1,4 +1,5 @@
-"""drafts/layers.py against HF Llama's reference implementations and hand formulas."""
+"""drafts/layers.py against HF Llama's reference implementations and hand formulas (every rope type against
+transformers and vLLM: test_rope.py, test_rope_vllm.py)."""
 
 import math
 
@@ -45,7 +46,8 @@ def test_rotary_matches_hf(theta, rope_scaling):
     torch.manual_seed(0)
     ours = RotaryEmbedding(HEAD_DIM, theta=theta, rope_scaling=rope_scaling)
     ref = _hf_rotary(theta, rope_scaling)
-    torch.testing.assert_close(ours.inv_freq, ref.inv_freq, rtol=0, atol=0)
+    # linear divides the position (vLLM's table), transformers the frequency: one for a factor of 4
+    torch.testing.assert_close(ours.inv_freq / ours.position_divisor, ref.inv_freq, rtol=0, atol=0)
     positions = torch.tensor([[0, 1, 2, 7, 100, 4000], [3, 3, 9, 50, 2047, 12]])
     q = torch.randn(2, 2, 6, HEAD_DIM)
     k = torch.randn(2, 1, 6, HEAD_DIM)
@@ -94,8 +96,11 @@ def test_inv_freq_stays_fp32_after_cast():
 
 
 def test_unsupported_rope_type_is_rejected():
-    with pytest.raises(ValueError, match="yarn"):
-        RotaryEmbedding(HEAD_DIM, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_type 'foo' .* draftsmith supports rope_type default, linear, llama3, "
+                                         "yarn, longrope, dynamic"):
+        RotaryEmbedding(HEAD_DIM, rope_scaling={"rope_type": "foo", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_type 'longrope' needs long_factor"):
+        RotaryEmbedding(HEAD_DIM, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * (HEAD_DIM // 2)})
 
 
 def test_rmsnorm_matches_hf_and_formula():

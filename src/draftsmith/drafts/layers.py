@@ -2,7 +2,9 @@
 
 Model math only (no I/O). Conventions follow HF Llama, which is also what vLLM serves:
 - RMSNorm normalises in fp32 and casts back before the weight multiply.
-- Rotary uses the "rotate_half" (GPT-NeoX) layout: dims [0, d/2) pair with [d/2, d).
+- Rotary uses the "rotate_half" (GPT-NeoX) layout: dims [0, d/2) pair with [d/2, d). Its tables cover
+  every rope type of drafts/rope.py (default, linear, llama3, yarn, longrope, dynamic), each as vLLM
+  computes the draft's (the engine that serves it), attention factor on cos and sin included.
 - `inv_freq` is always fp32, whatever dtype the module is cast to: in bf16 the angles
   `position * inv_freq` lose precision quickly (positions in the thousands), which would make the
   training-time rotation differ from the fp32 rotation the serving engine applies.
@@ -17,6 +19,9 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .rope import (attention_scaling, dynamic_theta, rope_problems, rope_type, use_long_factors, with_original_len,
+                   yarn_correction_range, yarn_factor)
 
 __all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts",
            "conditional_rates", "document_positions"]
@@ -41,46 +46,58 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def _inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies (head_dim/2,) fp32 for the supported `rope_scaling` types.
+def _theta_powers(head_dim: int, theta: float) -> torch.Tensor:
+    """(head_dim/2,) fp32 theta^(2i/d) = 1 / w_i."""
+    return theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
 
-    default: theta^(-2i/d). linear: divided by `factor`. llama3 (Llama 3.1): wavelengths longer than
-    `original_max_position_embeddings / low_freq_factor` are divided by `factor`, shorter than
-    `.../high_freq_factor` are kept, and the band between is interpolated smoothly.
-    """
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = _rope_type(rope_scaling)
-    if kind == "default":
-        return inv
-    if kind == "linear":
-        return inv / float(rope_scaling["factor"])
-    # llama3
-    factor = float(rope_scaling["factor"])
-    low, high = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
-    old_len = float(rope_scaling["original_max_position_embeddings"])
+
+def _base_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """(head_dim/2,) fp32 base frequencies w_i = theta^(-2i/d)."""
+    return 1.0 / _theta_powers(head_dim, theta)
+
+
+def _inv_freq(head_dim: int, theta: float, rope_scaling: dict | None, max_position_embeddings: int) -> torch.Tensor:
+    """(head_dim/2,) fp32 frequencies whose angle at position p is p * inv_freq (linear's p / factor;
+    see :attr:`RotaryEmbedding.position_divisor`), per type as drafts/rope.py's docstring states."""
+    kind = rope_type(rope_scaling)
+    if kind in ("default", "linear"):  # linear scales the position, as vLLM does
+        return _base_inv_freq(head_dim, theta)
+    p = rope_scaling
+    if kind == "dynamic":
+        return _base_inv_freq(head_dim, dynamic_theta(p, theta, head_dim, max_position_embeddings))
+    if kind == "longrope":
+        side = "long_factor" if use_long_factors(p, max_position_embeddings) else "short_factor"
+        f = torch.tensor([float(x) for x in p[side]], dtype=torch.float32)  # (d/2,) one factor per frequency
+        return 1.0 / (f * _theta_powers(head_dim, theta))
+    if kind == "yarn":
+        factor = float(yarn_factor(p, max_position_embeddings))
+        powers = _theta_powers(head_dim, theta)
+        kept, scaled = 1.0 / powers, 1.0 / (factor * powers)  # w_i, w_i / factor
+        lo, hi = yarn_correction_range(p, head_dim, theta)
+        if lo == hi:
+            hi += 0.001  # a one-dim ramp
+        r = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)  # (d/2,) 0 -> 1
+        keep = 1 - r  # weight of w_i: 1 below lo (fast dims), 0 above hi
+        return scaled * (1 - keep) + kept * keep
+    # llama3 (Llama 3.1): by wavelength 2 pi / w_i against L / low_freq_factor and L / high_freq_factor
+    inv = _base_inv_freq(head_dim, theta)
+    factor = float(p["factor"])
+    low, high = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    old_len = float(p["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv
     low_wavelen, high_wavelen = old_len / low, old_len / high
     scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
+    smooth = (old_len / wavelen - low) / (high - low) if high != low else torch.zeros_like(inv)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
 
 
-def _rope_type(rope_scaling: dict | None) -> str:
-    if not rope_scaling:
-        return "default"
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if kind not in ("default", "linear", "llama3"):
-        raise ValueError(
-            f"rope_scaling type {kind!r} is not supported; expected one of None, 'default', "
-            "'linear', 'llama3' (set rope_scaling accordingly or extend drafts/layers.py)"
-        )
-    return kind
-
-
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding returning fp32 `(cos, sin)` tables for given positions.
+    """Rotary position embedding returning fp32 `(cos, sin)` tables for given positions, for every
+    rope type of drafts/rope.py (default, linear, llama3, yarn, longrope, dynamic) as vLLM computes
+    the draft's: angle = (p / position_divisor) * inv_freq, cos and sin times `attention_scaling`
+    (yarn's and longrope's m; 1.0 otherwise).
 
     `inv_freq` is a non-persistent buffer that is recomputed in fp32 after every `.to()/.half()/
     .bfloat16()/.cuda()` (see `_apply`), so it never carries a low-precision copy.
@@ -96,18 +113,27 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary head_dim={head_dim} must be even (rotate_half pairs dims)")
-        _rope_type(rope_scaling)  # validate early
+        rope_scaling = with_original_len(rope_scaling, max_position_embeddings)
+        problems = rope_problems(rope_scaling, head_dim, where="rope_scaling")
+        if problems:
+            raise ValueError(problems[0])
         self.head_dim, self.theta = head_dim, float(theta)
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None
         self.max_position_embeddings = max_position_embeddings
-        self.register_buffer("inv_freq", _inv_freq(head_dim, self.theta, self.rope_scaling), persistent=False)
+        kind = rope_type(self.rope_scaling)
+        self.position_divisor = float(self.rope_scaling["factor"]) if kind == "linear" else 1.0
+        self.attention_scaling = attention_scaling(self.rope_scaling, max_position_embeddings)
+        self.register_buffer("inv_freq", self._table(), persistent=False)
+
+    def _table(self) -> torch.Tensor:
+        return _inv_freq(self.head_dim, self.theta, self.rope_scaling, self.max_position_embeddings)
 
     def _apply(self, fn, recurse: bool = True):
         # Module.to(dtype) casts floating buffers too; rebuild inv_freq exactly in fp32 on the new device.
         super()._apply(fn, recurse)
         device = self.inv_freq.device
         if device.type != "meta":
-            self.inv_freq = _inv_freq(self.head_dim, self.theta, self.rope_scaling).to(device)
+            self.inv_freq = self._table().to(device)
         else:
             self.inv_freq = torch.empty(self.head_dim // 2, dtype=torch.float32, device=device)
         return self
@@ -115,9 +141,15 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (B, T) int64 -> (cos, sin), each (B, T, head_dim) fp32."""
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            freqs = positions[..., None].float() * self.inv_freq.float()  # (B, T, d/2)
+            pos = positions[..., None].float()  # (B, T, 1)
+            if self.position_divisor != 1.0:
+                pos = pos / self.position_divisor
+            freqs = pos * self.inv_freq.float()  # (B, T, d/2)
             emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, d): same angle for dim i and i + d/2
-            return emb.cos(), emb.sin()
+            cos, sin = emb.cos(), emb.sin()
+            if self.attention_scaling != 1.0:
+                cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+            return cos, sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}, rope_scaling={self.rope_scaling}"

@@ -28,7 +28,8 @@ from draftsmith.data.dataset import Example, collate, epoch_order, length_groupe
 from draftsmith.data.sources import iter_rows
 from draftsmith.data.vocab_cache import VocabMap, draft_vocab_for, held_out_coverage
 from draftsmith.drafts import get_family
-from draftsmith.inputs import aux_layer_ids, aux_order_note, engine_options, resolve_template_kwargs, split_rows
+from draftsmith.inputs import (aux_layer_ids, aux_order_note, check_target_rope, engine_options, resolve_template_kwargs,
+                               split_rows)
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
@@ -59,6 +60,7 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: li
     """A fresh draft of family ``draft.type`` for this target, over the selected draft vocab, reading
     the target's ``layer_ids`` (engine convention)."""
     family = get_family(cfg.draft.type)
+    check_target_rope(info)  # a RoPE the draft cannot copy: one line, not the model constructor's traceback
     try:  # values only checkable against the target (e.g. mask_token_id within its vocab)
         config = family.config_from_target(info, cfg.draft, draft_vocab_size=int(vocab.draft_ids.numel()),
                                            num_layer_ids=len(layer_ids), layer_ids=list(layer_ids))
@@ -127,6 +129,7 @@ class Trainer:
 
         cfg = self.cfg
         target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
+        check_target_rope(target_path)  # before the engine loads the weights
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype, device=str(self.device),
                                   **engine_options(cfg))
         self.info = self.engine.info()

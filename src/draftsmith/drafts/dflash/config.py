@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..family import DraftConfig, positive
+from ..rope import draft_rope, rope_of_config
 
 __all__ = ["DFlashDraftConfig", "JetSpecDraftConfig", "DominoDraftConfig", "DFlashConfig", "ARCH",
            "EXPORTED_EXTRA", "layer_rule", "config_kwargs", "config_from_target", "config_from_export"]
@@ -162,7 +163,7 @@ def config_kwargs(info: Any, draft: Any) -> dict:
         intermediate_size=info.intermediate_size, vocab_size=info.vocab_size, num_target_layers=info.num_layers,
         num_hidden_layers=draft.num_draft_layers, block_size=draft.block_size, mask_token_id=draft.mask_token_id,
         num_anchors=draft.num_anchors, loss_decay_gamma=draft.loss_decay_gamma, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
+        rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
         max_position_embeddings=info.max_position_embeddings,
     )
 
@@ -179,6 +180,7 @@ def config_from_export(config: dict, cls: type = DFlashConfig, **extra: Any) -> 
     """Rebuild from an exported config.json (inverse of :meth:`DFlashDraft.export_config`)."""
     d = config.get("dflash_config") or {}
     own = config.get("draftsmith") or {}
+    rope_theta, rope_scaling = rope_of_config(config)  # either transformers style, as vLLM reads it
     return cls(hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],
                num_key_value_heads=config.get("num_key_value_heads", config["num_attention_heads"]),
                head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
@@ -188,6 +190,7 @@ def config_from_export(config: dict, cls: type = DFlashConfig, **extra: Any) -> 
                num_hidden_layers=config["num_hidden_layers"],
                block_size=d.get("block_size", config.get("block_size", 16)), causal=bool(d.get("causal", False)),
                num_anchors=own.get("num_anchors", 64), loss_decay_gamma=own.get("loss_decay_gamma", 7.0),
-               rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=config.get("rope_theta", 1000000.0),
-               rope_scaling=config.get("rope_scaling"),
+               rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+               rope_theta=rope_theta if rope_theta is not None else 1000000.0,  # vLLM's DFlash default
+               rope_scaling=rope_scaling,
                max_position_embeddings=config.get("max_position_embeddings", 2048), **extra)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..family import DraftConfig
+from ..rope import draft_rope, rope_of_config
 
 __all__ = ["EagleDraftConfig", "Eagle3DraftConfig", "Eagle3Config", "config_from_target", "config_from_export", "eagle_fields", "layer_rule",
            "refuse_other_family"]
@@ -125,12 +126,7 @@ class Eagle3Config:
         eagle = config.get("eagle_config") or {}
         layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         num_aux = config.get("num_aux_hidden_states") or (len(layer_ids) if layer_ids else 3)
-        rope_theta, rope_scaling = config.get("rope_theta"), config.get("rope_scaling")
-        params = config.get("rope_parameters") or {}  # transformers 5 style
-        if rope_theta is None:
-            rope_theta = params.get("rope_theta", 10000.0)
-        if rope_scaling is None and params.get("rope_type", "default") != "default":
-            rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        rope_theta, rope_scaling = rope_of_config(config)  # either transformers style, as vLLM reads it
         extra = config.get("draftsmith") or {}
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
         return dict(
@@ -144,7 +140,7 @@ class Eagle3Config:
             draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
             num_aux=num_aux,
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             fc_norm=bool(config.get("fc_norm", False)),
@@ -212,7 +208,7 @@ def eagle_fields(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids:
         num_attention_heads=info.num_attention_heads, num_key_value_heads=info.num_key_value_heads,
         head_dim=info.head_dim, intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
         draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, rope_scaling=info.rope_scaling,
+        rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
         max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
         norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc,
     )
