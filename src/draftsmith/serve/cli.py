@@ -63,7 +63,8 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
         plan = plan_vllm(_target(args.target, args.print_only), draft, method=args.method,
                          k=args.num_speculative_tokens, dflash_causal=args.dflash_causal, dry_run=args.print_only,
                          export_dir=Path(args.export_dir) if args.export_dir else None, host=args.host,
-                         port=args.port, dtype=args.dtype, max_model_len=args.max_model_len, extra=_extra(args))
+                         port=args.port, dtype=args.dtype, max_model_len=args.max_model_len, extra=_extra(args),
+                         transformers_backend=args.transformers_backend)
     except ServeError as e:
         return _fail(e)
     for note in plan.notes:
@@ -153,7 +154,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     try:
         problems, notes = diagnose(resolve_draft(args.ckpt), target=args.target, engine=args.engine, k=args.k,
-                                   max_model_len=args.max_model_len)
+                                   max_model_len=args.max_model_len, transformers_backend=args.transformers_backend)
     except (ServeError, OSError, KeyError) as e:
         return _fail(e if isinstance(e, ServeError) else ServeError(f"doctor: cannot read the target or draft ({e})"))
     for n in notes:
@@ -179,6 +180,8 @@ def _common_serve(p: argparse.ArgumentParser, port: int) -> None:
 
 def register(subparsers) -> None:
     """Add ``serve`` (``vllm``/``sglang``), ``export`` and ``doctor`` to a ``add_subparsers()`` object."""
+    from .preflight import FLAG, FLAG_HELP
+
     s = subparsers.add_parser("serve", help="serve a trained draft with vLLM or SGLang")
     engines = s.add_subparsers(dest="engine", required=True, metavar="ENGINE")
     v = engines.add_parser("vllm", help="python -m vllm.entrypoints.openai.api_server with the draft")
@@ -189,6 +192,7 @@ def register(subparsers) -> None:
                    help="speculative method (default: dflash for DFlash-family drafts, else eagle3)")
     v.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
     v.add_argument("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the target's)")
+    v.add_argument(FLAG, dest="transformers_backend", action="store_true", help=FLAG_HELP)
     v.set_defaults(func=cmd_serve_vllm)
 
     g = engines.add_parser("sglang", help="python -m sglang.launch_server with the draft (EAGLE-3; DFlash where the "
@@ -222,6 +226,9 @@ def register(subparsers) -> None:
                         "depth a warning")
     d.add_argument("--max-model-len", type=int, default=None,
                    help="the serving context: longer than the draft's training max_length is a warning")
+    d.add_argument(FLAG, dest="transformers_backend", action="store_true",
+                   help="the draft will be served with serve vllm --transformers-backend (vLLM's --model-impl "
+                        "transformers): check the target's architecture for that")
     d.set_defaults(func=cmd_doctor)
 
 

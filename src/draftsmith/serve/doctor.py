@@ -13,6 +13,10 @@ config has none (NeMo AutoModel writes none), which ids the engines default to a
 what the checkpoint was trained on; the mask
 token (P-EAGLE, DFlash) is set, inside the embedding and not the target's pad/eos/bos; hidden sizes,
 vocab size and rope settings match the target; K (num_depths, block_size) is sensible.
+The target's architecture (``--target``): whether the installed vLLM serves this draft's family on it natively,
+only through its Transformers backend (a problem unless ``--transformers-backend``), or not at all, and whether
+transformers knows it; one that cannot work at all is one line and exit 2 (serve/preflight.py). Per-layer-type
+``rope_parameters`` (Gemma 3) are read as full attention's, which is what the draft uses (a note says so).
 What serve and export fix in their copy (a config that declares more layers than the weights hold)
 is reported as a ``fixup:`` note, not a problem.
 """
@@ -45,12 +49,30 @@ class TargetFacts:
     rope_scaling: Optional[dict] = None
     special_ids: dict = None  # name -> id (pad, eos, bos)
     source: str = ""
+    rope_note: Optional[str] = None  # which of per-layer-type rope_parameters the draft is held to
+
+
+def rope_parameters(config: dict) -> tuple[dict, Optional[str]]:
+    """A config's transformers-5 ``rope_parameters`` as one dict, and a note when it had one per layer type.
+
+    Gemma 3 style targets keep one dict per attention type (``{"full_attention": {...}, "sliding_attention":
+    {...}}``); a draft has full attention only, so full attention's parameters are the ones it must match (what
+    the draft config is built from, targets/hf.py)."""
+    params = config.get("rope_parameters") or {}
+    if not (isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())):
+        return (params if isinstance(params, dict) else {}), None
+    kind = "full_attention" if "full_attention" in params else next(iter(params))
+    chosen = params[kind]
+    note = (f"target rope_parameters has one set per layer type ({', '.join(params)}); the draft uses {kind}'s "
+            f"(rope_theta {chosen.get('rope_theta')}, rope_type {chosen.get('rope_type', 'default')})")
+    return chosen, note
 
 
 def _rope(config: dict) -> tuple[Optional[float], Optional[dict]]:
     """(rope_theta, rope_scaling) from a config in either the transformers 4 or 5 style."""
-    params = config.get("rope_parameters") or {}
-    theta = config.get("rope_theta", params.get("rope_theta"))
+    params, _ = rope_parameters(config)
+    theta = config.get("rope_theta")
+    theta = theta if theta is not None else params.get("rope_theta")
     scaling = config.get("rope_scaling")
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
@@ -79,7 +101,7 @@ def target_facts(target: Optional[str], draft: Draft) -> Optional[TargetFacts]:
                 specials[k] = sorted(set(specials[k]) | set(_ids(g.get(f"{k}_token_id"))))
         theta, scaling = _rope(cfg)
         return TargetFacts(cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], theta, scaling,
-                           specials, str(path))
+                           specials, str(path), rope_parameters(cfg)[1])
     root = draft.checkpoint_root()
     if root is not None and (root / "meta.json").is_file():
         info = json.loads((root / "meta.json").read_text()).get("target_info")
@@ -324,17 +346,27 @@ def check_serving(draft: Draft, target: Optional[str], k: Optional[int],
 
 
 def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm", k: Optional[int] = None,
-             max_model_len: Optional[int] = None) -> tuple[list[str], list[str]]:
+             max_model_len: Optional[int] = None, transformers_backend: bool = False) -> tuple[list[str], list[str]]:
     """Return (problems, notes) for ``draft``; no problems means it should serve on ``engine``.
-    ``k`` / ``max_model_len``: the K and context it will be served with (checked against its training)."""
+    ``k`` / ``max_model_len``: the K and context it will be served with (checked against its training);
+    ``transformers_backend``: it will be served through vLLM's Transformers backend (serve vllm's flag).
+    A target the engine cannot run at all (its architecture) is a ServeError: one line, exit 2."""
     if draft.is_hub:
         raise ServeError(f"doctor: '{draft.source}' is a hub id; download it and pass the local directory")
+    arch_problems, arch_notes = [], []
+    if target:
+        from draftsmith.models import resolve_target
+
+        from .preflight import doctor_architecture
+
+        arch_problems, arch_notes = doctor_architecture(draft, resolve_target(target), engine, transformers_backend)
     tgt = target_facts(target, draft)
     notes = [f"draft {draft.dir} ({draft.family}, {draft.layout})",
-             f"target facts from {tgt.source}" if tgt else "no target facts (pass --target): range checks skipped"]
+             f"target facts from {tgt.source}" if tgt else "no target facts (pass --target): range checks skipped",
+             *arch_notes, *([tgt.rope_note] if tgt is not None and tgt.rope_note else [])]
     cfg, family = draft.config, draft.family
     shapes = weight_shapes(draft)
-    problems = check_engine(draft, engine) + check_keys(cfg, family) + check_weights(cfg, family, shapes)
+    problems = arch_problems + check_engine(draft, engine) + check_keys(cfg, family) + check_weights(cfg, family, shapes)
     problems += check_vocab_map(draft, cfg, shapes, tgt) + check_layers(cfg, family, tgt)
     problems += check_mask(cfg, family, tgt) + check_sizes(cfg, family, shapes, tgt) + check_k(cfg, family)
     # the weights of one EAGLE family under the other's config (what export and serve refuse)
@@ -352,4 +384,4 @@ def diagnose(draft: Draft, *, target: Optional[str] = None, engine: str = "vllm"
     return problems + serve_problems, notes + serve_notes
 
 
-__all__ = ["diagnose", "target_facts", "TargetFacts"]
+__all__ = ["diagnose", "target_facts", "TargetFacts", "rope_parameters"]

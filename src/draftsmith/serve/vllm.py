@@ -304,12 +304,14 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
               dflash_causal: bool = False, dry_run: bool = False, export_dir: Optional[Path] = None,
               host: str = "127.0.0.1", port: int = 8000, dtype: Optional[str] = None,
               max_model_len: Optional[int] = None, extra: Sequence[str] = (),
-              chat_template_kwargs: Optional[dict] = None) -> VllmPlan:
+              chat_template_kwargs: Optional[dict] = None, transformers_backend: bool = False) -> VllmPlan:
     """Resolve-time checks first (so bad input fails before anything is written), then prepare.
 
     ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
     meta.json), served as vLLM's ``--default-chat-template-kwargs`` so chat requests are rendered as
-    the draft was trained (a thinking-mode mismatch alone can halve acceptance)."""
+    the draft was trained (a thinking-mode mismatch alone can halve acceptance).
+    ``transformers_backend``: serve the target through vLLM's Transformers backend (``--model-impl
+    transformers``), which a target whose own vLLM class lacks EAGLE-3 support needs (serve/preflight.py)."""
     reject_unservable(draft.config, draft.source)
     if draft.is_hub and k is None:
         raise ServeError(f"--draft {draft.source} is a hub id: pass --num-speculative-tokens (and --method if it "
@@ -318,12 +320,18 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     default_k(spec_probe, k)  # K errors before any export
     check_method(spec_probe, method)  # so is a method of the other family
     check_family_weights(draft)  # mislabelled weights fail before anything is written
+    from .preflight import model_impl_args, require_servable, serve_verdict
+
+    # the target's architecture against the installed vLLM's registry: an engine start would find out minutes later
+    verdict = require_servable(serve_verdict(target, spec_probe, method=method,
+                                             transformers_backend=transformers_backend, extra=extra))
+    extra = [*extra, *model_impl_args(transformers_backend, extra)]
     prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
     cfg = vllm_config(servable_config(draft)[0], dflash_causal=dflash_causal) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
     from .limits import context_warnings, k_warnings
 
-    notes = [prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg),
+    notes = [verdict.line, prepared.describe(dry_run), *(f"fixup: {f}" for f in prepared.fixups), *engine_notes(cfg),
              *k_warnings(cfg, spec["num_speculative_tokens"]), *context_warnings(draft, target, max_model_len)]
     if chat_template_kwargs is None and draft.dir is not None:
         from draftsmith.layout import find_meta

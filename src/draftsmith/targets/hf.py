@@ -97,6 +97,9 @@ class HFEngine(ColocatedEngine):
             raise TargetError(f"target.dtype: {dtype!r} is not supported; use one of {sorted(DTYPES)}")
         check_device_map(device_map)  # before the (possibly huge) load
         self.path = Path(resolve_target(target))
+        from draftsmith.targets.architecture import check_transformers
+
+        check_transformers(self.path)  # an architecture transformers lacks: one line, not AutoConfig's ValueError
         self.dtype = dtype
         self.device_map = device_map
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)

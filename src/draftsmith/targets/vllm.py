@@ -34,6 +34,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from draftsmith.targets.architecture import FEATURES_JOB
 from draftsmith.targets.contract import TargetError
 from draftsmith.targets.runner import RunnerEngine
 
@@ -126,6 +127,10 @@ class VLLMRunner:
     def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
         from vllm import LLM
 
+        from draftsmith.targets.architecture import check_vllm
+
+        # the ids matter on vLLM's Transformers backend (it cannot capture id 0): checked before the LLM starts
+        check_vllm(self.path, reads_aux=True, engine_kwargs=self.engine_kwargs, layer_ids=layer_ids, job=FEATURES_JOB)
         self._stop()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of CPU KV cache; ignored on GPU
         transfer: dict[str, Any] = {
@@ -222,9 +227,13 @@ class VLLMEngine(RunnerEngine):
                  max_model_len: Optional[int] = None, engine_kwargs: Optional[dict] = None,
                  connector: Optional[str] = None):
         from draftsmith.models import resolve_target
+        from draftsmith.targets.architecture import check_vllm
 
         check_available()
-        super().__init__(Path(resolve_target(target)), dtype)
+        path = Path(resolve_target(target))
+        # vLLM's extract_hidden_states needs a target class with SupportsEagle3: say so now, not at engine start
+        check_vllm(path, reads_aux=True, engine_kwargs=engine_kwargs, job=FEATURES_JOB)
+        super().__init__(path, dtype)
         kw = dict(engine_kwargs or {})
         max_len = int(kw.pop("max_model_len", None) or max_model_len or min(self._info.max_position_embeddings, 8192))
         self.runner = VLLMRunner(self.path, dtype, max_model_len=max_len, engine_kwargs=kw, connector=connector)
