@@ -37,9 +37,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 NATIVE, BACKEND, UNSUPPORTED, UNKNOWN, UNCHECKED = (
     "native", "transformers-backend", "unsupported", "unknown-to-transformers", "unchecked")
@@ -149,21 +153,50 @@ def check_transformers(target: Union[str, Path, dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
+def vllm_installed() -> bool:
+    """Whether ``vllm`` can be imported (a module without a spec, as a test's stand-in, counts as absent)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@contextmanager
+def quiet_fds() -> Iterator[None]:
+    """fds 1 and 2 into a discarded file for the block: importing vLLM prints torch's 'Triton not available'
+    warning and vLLM's platform lines, which would land in the middle of a command's one-line answer."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, old in zip((1, 2), saved):
+                os.dup2(old, fd)
+                os.close(old)
+
+
 @functools.lru_cache(maxsize=None)
 def registered_class(arch: str) -> tuple[Optional[str], Optional[bool], Optional[str]]:
     """(module, implements SupportsEagle3, import error) of vLLM's registered class for ``arch``;
     (None, None, None) when the registry has no such architecture. Imports that one module only."""
-    from vllm.model_executor.models.interfaces import supports_eagle3
-    from vllm.model_executor.models.registry import ModelRegistry
+    with quiet_fds():
+        from vllm.model_executor.models.interfaces import supports_eagle3
+        from vllm.model_executor.models.registry import ModelRegistry
 
-    entry = ModelRegistry.models.get(arch)
-    if entry is None:
-        return None, None, None
-    where = getattr(entry, "module_name", None)
-    try:
-        cls = entry.load_model_cls()
-    except Exception as e:  # an optional dependency of that model module (torchvision for vision models)
-        return where, None, f"{type(e).__name__}: {e}"
+        entry = ModelRegistry.models.get(arch)
+        if entry is None:
+            return None, None, None
+        where = getattr(entry, "module_name", None)
+        try:
+            cls = entry.load_model_cls()
+        except Exception as e:  # an optional dependency of that model module (torchvision for vision models)
+            return where, None, f"{type(e).__name__}: {e}"
     return f"{cls.__module__}.{cls.__name__}", bool(supports_eagle3(cls)), None
 
 
@@ -211,7 +244,7 @@ def vllm_verdict(target: Union[str, Path, dict], *, reads_aux: bool = True, mode
     if arch is None:
         return Verdict(UNCHECKED, "?", f"target architecture not checked: {where} names no architectures "
                                        "(vLLM then guesses one from model_type)")
-    if importlib.util.find_spec("vllm") is None:  # transformers can still be asked
+    if not vllm_installed():  # transformers can still be asked
         tf = transformers_problem(config, where)
         if tf is not None:
             return Verdict(UNKNOWN, arch, f"target {arch}: {tf} (vllm is not installed here to say whether it has a "
