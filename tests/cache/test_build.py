@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cache_helpers import tiny_run_config
+from deadline import HANG_S
 from draftsmith.cache import store
 from draftsmith.cache.build import build_cache
 from draftsmith.cache.store import CacheError
@@ -67,11 +68,11 @@ def test_kill_9_then_resume_gives_the_same_files_as_one_run(tiny, tmp_path):
     cmd, env = cli(*args, "--out", tmp_path / "killed")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = tmp_path / "killed" / store.shard_name(0)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG_S)
     manifest = json.loads((tmp_path / "killed" / store.MANIFEST).read_text())
     assert not manifest["complete"] and len(manifest["shards"]) < 40  # killed part-way
     for out in ("killed", "whole"):

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from cache_helpers import tiny_run_config
+from deadline import HANG_S
 from draftsmith.cache import store
 from torchrun_helpers import assert_same_dirs, env, launcher, one_process, torchrun, worker_pid
 
@@ -61,11 +62,11 @@ def test_kill_9_of_one_rank_then_rerun_finishes_without_redoing_a_shard(setup, t
     try:
         rank1 = worker_pid(launcher.pid, 1)
         first = out / store.shard_name(1)  # rank 1's first shard
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not first.exists() and launcher.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
         os.kill(rank1, signal.SIGKILL)
-        assert launcher.wait(timeout=60) != 0  # torchrun stops rank 0 too and reports the failure
+        assert launcher.wait(timeout=HANG_S) != 0  # torchrun stops rank 0 too and reports the failure
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -7,12 +7,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from deadline import HANG_S
 from draftsmith.eval import EvalError
 from draftsmith.eval.online import HttpClient, bench_server, parse_prometheus, vllm_spec_counters
 from draftsmith.eval.prompts import EvalPrompt
 from draftsmith.eval.report import format_table
 
-FAST = HttpClient(retries=3, backoff_s=0.01, timeout_s=10)
+FAST = HttpClient(retries=3, backoff_s=0.01, timeout_s=HANG_S)  # quick retries; the timeout only guards a hang
 
 
 class Fake:

@@ -31,7 +31,7 @@ PROMPTS = [EvalPrompt("a", "facts", ["What is the capital of France?"]),
 
 def spec_totals(url):
     """A direct read of /metrics, parsed independently of draftsmith: (drafts, accepted, {pos: n})."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    text = urllib.request.urlopen(url + "/metrics", timeout=120).read().decode()
     total = lambda name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))  # noqa: E731
     per = {}
     for pos, v in re.findall(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total{[^}]*position="(\d+)"[^}]*} (\S+)$',

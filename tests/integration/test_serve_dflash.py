@@ -46,7 +46,7 @@ from draftsmith.eval.prompts import load_prompts, render_prompt  # noqa: E402
 from draftsmith.serve.process import free_port  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
-from vllm_http import Server, hf_greedy, http, serve_cmd  # noqa: E402
+from vllm_http import Server, cached_greedy, hf_greedy, http, serve_cmd  # noqa: E402
 
 BLOCK = 4
 K = BLOCK - 1  # what serve vllm must default to for a block draft
@@ -150,33 +150,6 @@ def word_target(root: Path, tok) -> Path:
     model.save_pretrained(root / "target", safe_serialization=True)
     tok.save_pretrained(root / "target")
     return root / "target"
-
-
-def cached_greedy(target: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """fp32 greedy continuations with the HF KV cache (the training rows; hf_greedy is the reference)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = model(torch.tensor([p]), use_cache=True)
-            ids = []
-            for _ in range(n):
-                ids.append(int(out.logits[0, -1].argmax()))
-                out = model(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-            outs.append(ids)
-    return outs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a busy machine then costs seconds, not minutes (two
-    threads competing with another job made training ~6x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

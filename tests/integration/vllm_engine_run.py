@@ -3,7 +3,7 @@
 Run as a script (vLLM spawns workers, so it needs the __main__ guard and its own process):
     python vllm_engine_run.py OUT_DIR
 Writes OUT_DIR/{llama,qwen3}_{hf,vllm}.pt (features) and prints one line `RESULT {json}` with the
-per-step training losses of both engines. One vLLM start per target plus one for the training run.
+per-step training losses of both engines. One vLLM start per target plus one for both training runs.
 """
 
 import json
@@ -66,6 +66,34 @@ DRAFTS = {"eagle3": {"ttt_steps": 2},
           "peagle": {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}}
 
 
+class SharedVllm:
+    """The trainer's ``open_engine``, but the vllm engine is opened once per (target, options) and kept
+    open across training runs (close() at the end): the eagle3 and peagle runs read the same layers,
+    so the second run reuses the first one's LLM (the runner rebuilds only for other layers) and saves
+    a vLLM start. The hf engine opens as usual."""
+
+    def __init__(self):
+        import draftsmith.train.loop as loop
+
+        self.loop, self.real, self.open = loop, loop.open_engine, {}
+        loop.open_engine = self
+
+    def __call__(self, name: str, target, **kwargs):
+        if name != "vllm":
+            return self.real(name, target, **kwargs)
+        key = (str(target), json.dumps(kwargs, sort_keys=True, default=str))
+        if key not in self.open:
+            eng = self.real(name, target, **kwargs)
+            self.open[key] = (eng, eng.close)
+            eng.close = lambda: None  # the trainer's close at the end of its run: kept open for the next one
+        return self.open[key][0]
+
+    def close(self) -> None:
+        self.loop.open_engine = self.real
+        for _, close in self.open.values():
+            close()
+
+
 def train_losses(engine_name: str, target: Path, out: Path, family: str = "eagle3") -> list:
     from draftsmith.config import build_config
     from draftsmith.train.loop import train
@@ -103,7 +131,11 @@ def main():
             f = features(eng, path, batch)
             timing[f"{name}_{eng}_s"] = f["s"]
             torch.save({**f, "batch": batch.__dict__}, out / f"{name}_{eng}.pt")
-    losses = {fam: {eng: train_losses(eng, targets["llama"], out, fam) for eng in ("hf", "vllm")} for fam in DRAFTS}
+    shared = SharedVllm()
+    try:
+        losses = {fam: {eng: train_losses(eng, targets["llama"], out, fam) for eng in ("hf", "vllm")} for fam in DRAFTS}
+    finally:
+        shared.close()
     print("RESULT " + json.dumps({"losses": losses, "timing": timing}), flush=True)
 
 

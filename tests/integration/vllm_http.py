@@ -100,13 +100,34 @@ JOKES = [f"Tell me a joke about the number {i}." for i in range(12)]  # training
 SERVED = 2  # the first two are served
 
 
+def cached_greedy(target: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """fp32 greedy continuations with the HF KV cache: training rows (``hf_greedy`` stays the reference)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            out = model(torch.tensor([p]), use_cache=True)
+            ids = []
+            for _ in range(n):
+                ids.append(int(out.logits[0, -1].argmax()))
+                out = model(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+            outs.append(ids)
+    return outs
+
+
 def self_distilled(tmp: Path, tok, target: Path, questions: Sequence[str] = JOKES, n: int = 48):
     """Chat rows of the target's own greedy continuations (a draft trained on them for seconds has
-    something to accept when served on the same questions) -> (jsonl path, greedy ids per question)."""
+    something to accept when served on the same questions) -> (jsonl path, greedy ids per question).
+    The rows come from the KV-cached loop; the served questions' first MAX_TOKENS are checked equal to
+    :func:`hf_greedy` (the reference the served output is compared with), so callers may use either."""
     from draftsmith.eval.prompts import render_prompt
     from fixtures import write_jsonl
 
-    greedy = hf_greedy(target, [render_prompt(tok, [{"role": "user", "content": q}]) for q in questions], n)
+    ids = [render_prompt(tok, [{"role": "user", "content": q}]) for q in questions]
+    greedy = cached_greedy(target, ids, n)
+    assert hf_greedy(target, ids[:SERVED], MAX_TOKENS) == [g[:MAX_TOKENS] for g in greedy[:SERVED]]
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": tok.decode(out)}]}
             for q, out in zip(questions, greedy)]
     return write_jsonl(tmp / "chats.jsonl", rows), greedy

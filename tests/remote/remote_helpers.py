@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from deadline import HANG_S
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 AUX = [1, 3, 4]
 
@@ -63,7 +65,7 @@ class ServerProc:
     def get(self, path: str, headers=None) -> dict:
         # urllib would honour ambient proxies; an empty ProxyHandler keeps test probes direct.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(urllib.request.Request(self.url + path, headers=headers or {}), timeout=10) as r:
+        with opener.open(urllib.request.Request(self.url + path, headers=headers or {}), timeout=HANG_S) as r:
             return json.loads(r.read())
 
     def rss_kb(self) -> int:
@@ -75,7 +77,7 @@ class ServerProc:
     def kill9(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=HANG_S)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

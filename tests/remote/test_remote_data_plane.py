@@ -12,6 +12,7 @@ import uuid
 import pytest
 import torch
 
+from deadline import HANG_S
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.remote.nccl import Channel, join_store, nccl_usable
 from draftsmith.targets.contract import eagle3_supervision
@@ -34,8 +35,8 @@ def transfers(servers) -> list:
     return [s.get("/health")["plane_transfers"] for s in servers]
 
 
-def counter_reaches(servers, key: str, want: int, timeout_s: float = 5.0) -> int:
-    """The sum of /health ``key`` over ``servers`` once it reaches ``want`` (or at the timeout). A server
+def counter_reaches(servers, key: str, want: int, timeout_s: float = HANG_S) -> int:
+    """The sum of /health ``key`` over ``servers`` once it reaches ``want`` (or at the hang guard). A server
     counts a transfer after its send returns, which can be just after the client holds the tensors."""
     deadline = time.monotonic() + timeout_s
     while (got := sum(s.get("/health")[key] for s in servers)) < want and time.monotonic() < deadline:
@@ -44,7 +45,7 @@ def counter_reaches(servers, key: str, want: int, timeout_s: float = 5.0) -> int
 
 
 def post_json(port, path, obj):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_S)
     body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
     conn.request("POST", path, body=body, headers={"Content-Length": str(len(body))})
     r = conn.getresponse()

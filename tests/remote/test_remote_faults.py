@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from deadline import hang_guard
 from draftsmith.remote.client import RemoteEngine, RemoteError
 from draftsmith.targets.contract import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
@@ -89,10 +90,8 @@ def test_all_servers_down_clear_error_and_latest_checkpoint_intact(pair, tmp_pat
     kill_on_call(monkeypatch, 5, servers)
     cfg = train_config(target, data, tmp_path / "remote", "remote", [s.url for s in servers], prefetch_depth=1,
                        remote_retries=2, remote_backoff_s=0.05, train={"save_every": 2})
-    t0 = time.monotonic()
-    with pytest.raises(RemoteError) as e:
-        train(cfg, progress=False)
-    assert time.monotonic() - t0 < 30
+    with hang_guard(what="training with every server down"), pytest.raises(RemoteError) as e:
+        train(cfg, progress=False)  # retries run out: an error, never an endless wait
     msg = str(e.value)
     assert "failed on every server after 2 retries" in msg and all(s.url in msg for s in servers)
     latest = latest_checkpoint(tmp_path / "remote" / "checkpoints")

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from deadline import HANG_S
 from draftsmith.remote import wire
 from draftsmith.remote.nccl import (Channel, choose_data_plane, join_store, open_store, recv_view, send_view,
                                     transfer_entries, transfer_plan)
@@ -75,7 +76,7 @@ def test_plan_checks_counts_and_the_receivers_element_limit():
         transfer_plan({"name": "a"})
 
 
-def _pair(timeout_s=20.0):
+def _pair(timeout_s=HANG_S):
     """Both ranks of one gloo channel in this process (rank 0 built on a thread: construction blocks)."""
     store, port = open_store("127.0.0.1", timeout_s)
     server = {}
@@ -101,7 +102,7 @@ def test_gloo_channel_moves_every_wire_dtype_in_header_order():
     sender.start()
     client.recv_probe()
     got = client.recv(plan)
-    sender.join(20)
+    sender.join(HANG_S)
     assert list(got) == list(tensors)
     for k, v in tensors.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from deadline import HANG_S
 from draftsmith.remote import wire
 from draftsmith.remote.client import RemoteEngine, RemoteError
 from draftsmith.remote.server import ServeTargetError, check_bind, engine_device, is_loopback
@@ -56,7 +57,7 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     info = s.get("/info", AUTH)
     assert (info["num_layers"], info["hidden_size"], info["vocab_size"], info["aux_layer_ids"], info["engine"]) == \
         (6, 64, 384, [1, 3, 4], "hf")
-    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=HANG_S)
     status, data = post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "0123456789abcdef"}))
     assert status == 409 and "POST /vocab-map first" in json.loads(data)["error"]
     status, data = post(conn, "/vocab-map", wire.encode({"draft_ids": torch.tensor([1, 5, 9])}))
@@ -101,7 +102,7 @@ def test_info_health_embeddings_and_409_before_vocab_map(server, target):
     assert s.get("/health", AUTH)["ok"] is True
 
 
-def raw(port, head: bytes, timeout=5.0) -> bytes:
+def raw(port, head: bytes, timeout=HANG_S) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(head)
         return sock.recv(4096)
@@ -118,7 +119,7 @@ def test_oversized_body_refused_before_it_is_read(server):
 
 def test_bearer_token_required(server, target):
     s, token_file = server
-    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=HANG_S)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         conn.request("GET", "/info", headers=headers)
         r = conn.getresponse()
@@ -212,7 +213,7 @@ def malformed_frames(n: int, seed: int = 0):
 
 def test_fuzz_10000_malformed_frames_all_4xx_server_up_memory_bounded(server):
     s, _ = server
-    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=HANG_S)
     post(conn, "/features", batch_frame({"mode": "supervision", "kind": "eagle3", "vocab_id": "warm"}))
     rss0 = s.rss_kb()
     statuses = {}

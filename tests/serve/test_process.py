@@ -3,8 +3,8 @@ Python's own http.server stands in for the HTTP server, with a SIGTERM handler a
 
 import subprocess
 import sys
-import time
 
+from deadline import hang_guard, wait_until
 from draftsmith.serve.process import ServerProcess, free_port
 
 
@@ -25,15 +25,14 @@ def test_pause_stops_the_group_resume_continues_it_and_close_ends_a_paused_one(t
     pid = srv.proc.pid
     try:
         srv.pause()
-        time.sleep(0.2)
-        assert state(pid) == "T"
+        wait_until(lambda: state(pid) == "T", what="the paused group stopping")
         srv.resume()
-        time.sleep(0.2)
-        assert state(pid) != "T"
+        wait_until(lambda: state(pid) != "T", what="the resumed group continuing")
         srv.pause()
-        t = time.monotonic()
-        srv.close()  # SIGTERM alone would wait for a SIGCONT until stop_s and end in SIGKILL
-        assert time.monotonic() - t < 5
+        wait_until(lambda: state(pid) == "T", what="the paused group stopping")
+        with hang_guard(what="closing a paused group"):
+            srv.close()
+        # SIGTERM alone would wait for a SIGCONT until stop_s and end in SIGKILL (returncode -9)
         assert srv.proc.returncode == 7  # its SIGTERM handler ended it
     finally:
         srv.close()
