@@ -82,7 +82,9 @@ def test_supervision_head_lives_on_the_engine_device(tmp_path):
 
     eng = CacheEngine.__new__(CacheEngine)
     eng.device, eng._head_on_device = torch.device("meta"), None
-    eng._info = type("I", (), {"rms_norm_eps": 1e-6})()
+    from draftsmith.targets.head import HeadForm
+
+    eng._info = type("I", (), {"rms_norm_eps": 1e-6, "head_form": lambda self: HeadForm()})()
     eng.final_norm_weight = lambda: torch.ones(4)
     eng.lm_head_weight = lambda: torch.ones(6, 4)
     out = target_head(eng).project(torch.zeros(3, 4, device="meta"))

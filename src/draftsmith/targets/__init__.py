@@ -40,6 +40,15 @@ class TargetInfo:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     rope_scaling: Optional[dict] = None
+    # the head's form (targets/head.py HeadForm): (w + norm_offset) final norm, logits * multiplier, softcap
+    norm_offset: float = 0.0
+    logit_multiplier: float = 1.0
+    logit_softcap: Optional[float] = None
+
+    def head_form(self) -> "Any":
+        from draftsmith.targets.head import HeadForm
+
+        return HeadForm(self.norm_offset, self.logit_multiplier, self.logit_softcap)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -151,7 +160,9 @@ def target_head(engine: Any) -> Any:
     own = getattr(engine, "target_head", None)
     if own is not None:
         return own()
-    return TargetHead.from_weights(engine.final_norm_weight(), engine.lm_head_weight(), engine.info().rms_norm_eps)
+    info = engine.info()
+    return TargetHead.from_weights(engine.final_norm_weight(), engine.lm_head_weight(), info.rms_norm_eps,
+                                   info.head_form())
 
 
 def supervision_for(engine: Any, kind: str, batch: Batch, layer_ids: Sequence[int], draft_ids: Optional["Tensor"]) -> Any:

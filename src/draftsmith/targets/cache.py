@@ -97,7 +97,8 @@ class CacheEngine(RunnerEngine):
         out_logits = None
         if last is not None:
             norm, head = self._head()
-            out_logits = rebuild_logits(last.to(self.device), norm, head, self._info.rms_norm_eps)
+            out_logits = rebuild_logits(last.to(self.device), norm, head, self._info.rms_norm_eps,
+                                        self._info.head_form())
             out_logits[batch.attention_mask.to(self.device) == 0] = 0
         return Features(aux_hidden=aux, logits=out_logits)
 
@@ -106,7 +107,7 @@ class CacheEngine(RunnerEngine):
         from draftsmith.targets.head import TargetHead
 
         norm, head = self._head()
-        return TargetHead.from_weights(norm, head, self._info.rms_norm_eps)
+        return TargetHead.from_weights(norm, head, self._info.rms_norm_eps, self._info.head_form())
 
     def _head(self) -> tuple[Tensor, Tensor]:
         """(final norm (H,), lm_head (V, H)) on ``self.device``, copied there once. The CPU copies stay

@@ -8,23 +8,69 @@ them a chunk of positions at a time (:func:`draft_vocab_targets`), so no (B, S, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 
-def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: float) -> Tensor:
+@dataclass(frozen=True)
+class HeadForm:
+    """How the target's head turns the pre-norm state at layer id L into logits, beyond norm + lm_head.
+
+    ``norm_offset``: the final RMSNorm multiplies by ``w + norm_offset`` (1.0 where the norm is written
+    ``(1 + w) * x``: Gemma 2/3, Qwen3-Next); ``logit_multiplier``: logits times this (Granite's
+    ``1 / logits_scaling``, Cohere's ``logit_scale``); ``logit_softcap``: ``c * tanh(logits / c)``
+    (Gemma 2/3's ``final_logit_softcapping``). The default is Llama/Qwen's plain head. Read once from the
+    target's config (:func:`head_form_of`), carried by ``TargetInfo`` (so by the cache and the remote
+    wire), used by every engine that rebuilds logits: supervision is the distribution the target serves.
+    """
+
+    norm_offset: float = 0.0
+    logit_multiplier: float = 1.0
+    logit_softcap: Optional[float] = None
+
+
+# model_type -> the norm offset of its final norm (transformers' Gemma/Gemma2/Gemma3 RMSNorm: (1 + w) * x).
+OFFSET_NORMS = {"gemma": 1.0, "gemma2": 1.0, "gemma3": 1.0, "gemma3_text": 1.0, "qwen3_next": 1.0}
+
+
+def head_form_of(config: Any) -> HeadForm:
+    """The :class:`HeadForm` of a target from its (text) config object or dict."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    mult = 1.0
+    if get("logits_scaling"):  # Granite: logits / logits_scaling
+        mult = 1.0 / float(get("logits_scaling"))
+    elif get("logit_scale") is not None and str(get("model_type")).startswith("cohere"):  # Cohere: logits * scale
+        mult = float(get("logit_scale"))
+    cap = get("final_logit_softcapping")
+    return HeadForm(norm_offset=OFFSET_NORMS.get(str(get("model_type")), 0.0), logit_multiplier=mult,
+                    logit_softcap=float(cap) if cap else None)
+
+
+def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: float,
+                   form: HeadForm = HeadForm()) -> Tensor:
     """Full-vocab logits from the pre-norm residual stream at layer id L (engines that only return states).
 
-    Llama/Qwen RMSNorm then the lm_head, in the same op order as transformers so fp32 matches bitwise:
-        x = h.float(); y = w * (x * rsqrt(mean(x^2, -1) + eps)).to(h.dtype); logits = y @ lm_head.T
+    The target's final RMSNorm then the lm_head, in the same op order as transformers so fp32 matches bitwise:
+        x = h.float(); x = x * rsqrt(mean(x^2, -1) + eps)
+        plain (Llama/Qwen):   y = w * x.to(h.dtype)
+        offset (Gemma):       y = (x * (offset + w.float())).to(h.dtype)
+        logits = y @ lm_head.T, then * multiplier, then c * tanh(logits / c) where a softcap is set
     h_last: (B, S, H), norm_weight: (H,), lm_head: (V, H) -> (B, S, V) in h_last's dtype.
     """
     x = h_last.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    y = norm_weight.to(h_last.dtype) * x.to(h_last.dtype)
-    return torch.nn.functional.linear(y, lm_head.to(h_last.dtype))
+    if form.norm_offset:
+        y = (x * (form.norm_offset + norm_weight.float())).to(h_last.dtype)
+    else:
+        y = norm_weight.to(h_last.dtype) * x.to(h_last.dtype)
+    logits = torch.nn.functional.linear(y, lm_head.to(h_last.dtype))
+    if form.logit_multiplier != 1.0:
+        logits = logits * form.logit_multiplier
+    if form.logit_softcap:
+        logits = torch.tanh(logits / form.logit_softcap) * form.logit_softcap
+    return logits
 
 
 # Rows of full-vocab logits built at once: 2**24 elements is 64 MiB in fp32, i.e. 130 positions of a
@@ -46,8 +92,8 @@ class TargetHead:
     vocab_size: int
 
     @staticmethod
-    def from_weights(norm_weight: Tensor, lm_head: Tensor, eps: float) -> "TargetHead":
-        return TargetHead(lambda h: rebuild_logits(h, norm_weight, lm_head, eps), int(lm_head.shape[0]))
+    def from_weights(norm_weight: Tensor, lm_head: Tensor, eps: float, form: HeadForm = HeadForm()) -> "TargetHead":
+        return TargetHead(lambda h: rebuild_logits(h, norm_weight, lm_head, eps, form), int(lm_head.shape[0]))
 
 
 def chunk_rows(vocab_size: int, max_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:

@@ -39,15 +39,44 @@ def info_from_config(cfg, *, dtype: str, tied: bool, vocab_size: Optional[int] =
         num_attention_heads=heads,
         num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-        intermediate_size=int(getattr(cfg, "intermediate_size", 0) or 0),
+        intermediate_size=draft_mlp_width(cfg),
         rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
         rope_scaling=rope_scaling,
+        **head_fields(cfg),
     )
 
 
 DEVICE_MAPS = (None, "auto")  # target.device_map / serve-target --device-map: one device, or accelerate's spread
+
+
+def draft_mlp_width(cfg) -> int:
+    """The MLP width a draft of this target gets (TargetInfo.intermediate_size).
+
+    Dense targets: their own ``intermediate_size``. MoE targets (any of ``EXPERT_KEYS`` set): the width one
+    token runs through, experts per token x one expert's width (``moe_intermediate_size``, else
+    ``intermediate_size`` where that is the expert's, as in Mixtral and GPT-OSS), at most 4 x hidden: a dense
+    ``intermediate_size`` beside the experts (DeepSeek-V3's 18,432 for its first dense layers) would give a
+    0.4 B-parameter draft MLP, and one expert's width (GPT-OSS's 2,880 = 1 x hidden) a starved one.
+    Qwen3-30B-A3B 768 x 8 = 6,144; DeepSeek-V3 2,048 x 8 = 16,384; GPT-OSS-120B 2,880 x 4 = 11,520."""
+    from draftsmith.targets.architecture import EXPERT_KEYS
+
+    dense = int(getattr(cfg, "intermediate_size", 0) or 0)
+    if not any(getattr(cfg, k, None) for k in EXPERT_KEYS):
+        return dense
+    expert = int(getattr(cfg, "moe_intermediate_size", None) or dense)
+    per_token = int(getattr(cfg, "num_experts_per_tok", None) or getattr(cfg, "experts_per_token", None) or 1)
+    return min(expert * per_token, 4 * int(cfg.hidden_size))
+
+
+def head_fields(cfg) -> dict:
+    """TargetInfo's head-form fields (targets/head.py HeadForm) from the target's config."""
+    from draftsmith.targets.head import head_form_of
+
+    form = head_form_of(cfg)
+    return {"norm_offset": form.norm_offset, "logit_multiplier": form.logit_multiplier,
+            "logit_softcap": form.logit_softcap}
 
 
 def check_device_map(device_map: Optional[str]) -> None:

@@ -177,7 +177,7 @@ class RunnerEngine(ColocatedEngine):
         if logits:
             h_last = full[:, :, capture.index(L)]  # (B, S, H) pre-norm residual stream at id L
             out_logits = rebuild_logits(h_last, self.final_norm_weight(), self.lm_head_weight(),
-                                        self._info.rms_norm_eps)
+                                        self._info.rms_norm_eps, self._info.head_form())
             out_logits[batch.attention_mask == 0] = 0
         return Features(aux_hidden=aux, logits=out_logits)
 

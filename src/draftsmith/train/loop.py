@@ -169,7 +169,9 @@ class Trainer:
         if hasattr(self.draft, "activation_checkpointing"):  # a memory knob of multi-layer drafts, not their math
             self.draft.activation_checkpointing = self.cfg.train.activation_checkpointing
         self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
-                                  head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight()),
+                                  # a (1 + w) final norm (Gemma) is the plain norm of weight w + 1, which the draft's norm is
+                                  head=lambda: (self.engine.lm_head_weight(),
+                                                self.engine.final_norm_weight() + self.info.norm_offset),
                                   vocab=self.vocab)
         self.draft.to(self.device)
 
