@@ -68,6 +68,12 @@ class HFTarget:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        # Sliding-window layers (Mistral, Gemma 2/3, GPT-OSS) drop states past the window as they update; a
+        # rejected draft is then cropped off a window that no longer holds what came before it (transformers
+        # raises). Recording keeps those states until crop() restricts the layer back to its window.
+        for layer in getattr(self.cache, "layers", ()):
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
 
     @property
     def length(self) -> int:
@@ -95,8 +101,9 @@ class HFTarget:
 
     def crop(self, length: int) -> None:
         extra = self.length - length
-        if extra > 0:
-            self.cache.crop(-extra)  # a negative count removes that many positions from the end
+        # a negative count removes that many positions from the end; -0 (all accepted) only lets recording
+        # sliding-window layers fall back to their window (full-attention layers: a no-op)
+        self.cache.crop(-max(extra, 0))
 
 
 class _Proposers(Mapping):
