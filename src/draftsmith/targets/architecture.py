@@ -53,6 +53,10 @@ AUX_INTERFACE = "SupportsEagle3"
 # keys vLLM reads a target's expert count from (model_arch_config_convertor.get_num_experts): a MoE target gets
 # the MoE flavour of the Transformers backend class
 EXPERT_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+# vLLM model modules whose aux capture cannot take id 0 (0.32 deepseek_v2.py adds `residual`, None before the
+# first layer: TypeError at the first forward), with the reason the line gives.
+NO_ID_0 = {"vllm.model_executor.models.deepseek_v2": "adds the residual to the state it captures, which before "
+                                                     "the first layer is None"}
 BACKEND_MODULE = "vllm.model_executor.models.transformers"  # where vLLM's Transformers backend classes live
 # what the vllm target engines use the target for (the job a verdict's line names)
 FEATURES_JOB = "feature extraction (target.engine: vllm, vLLM's extract_hidden_states method)"
@@ -260,6 +264,11 @@ def vllm_verdict(target: Union[str, Path, dict], *, reads_aux: bool = True, mode
         if error is not None:
             return Verdict(UNSUPPORTED, arch, f"{head}: {have} cannot import its class for {arch} here ({module}: "
                                               f"{error}); install what the error names, or pick another target")
+        if reads_aux and layer_ids is not None and 0 in [int(i) for i in layer_ids] \
+                and module.rsplit(".", 1)[0] in NO_ID_0:
+            return Verdict(UNSUPPORTED, arch, f"{head}: {have}'s {module} {NO_ID_0[module.rsplit('.', 1)[0]]}, so it cannot capture "
+                                              f"layer id 0 (the embedding output) this job reads (ids {list(layer_ids)}); "
+                                              "use ids >= 1 (retrain the draft with target.aux_layer_ids without 0)")
         if eagle3 or not reads_aux:
             what = f"implements {AUX_INTERFACE}" if reads_aux else "is in its registry"
             return Verdict(NATIVE, arch, f"{head}: {have} serves {job} on it natively ({module} {what})")
@@ -293,6 +302,12 @@ def vllm_verdict(target: Union[str, Path, dict], *, reads_aux: bool = True, mode
                                           "decoder layer j-1's output, so it cannot capture id 0 (the embedding "
                                           f"output) this job reads (ids {list(layer_ids)}); use ids >= 1 (retrain the "
                                           "draft) or a target vLLM serves natively")
+    if job == FEATURES_JOB:  # vLLM applies --model-impl to the extract_hidden_states model too, which has no
+        # transformers class: its SpeculativeConfig fails ('ExtractHiddenStatesModel' is not a registered model)
+        return Verdict(UNSUPPORTED, arch, f"{head}: {lacks}; its Transformers backend ({cls}) serves drafts but cannot "
+                                          "extract features (vLLM applies --model-impl transformers to its "
+                                          "extract_hidden_states model, which has no transformers class); use "
+                                          "target.engine: hf (or the feature cache built with it)")
     if module is not None and not mapped:  # the native class would be picked unless the backend is asked for
         return Verdict(BACKEND, arch, f"{head}: {lacks}; its Transformers backend ({cls}) does: {opt_in}", opt_in=True)
     serves = f"{have} serves {job} on it through its Transformers backend ({cls})"

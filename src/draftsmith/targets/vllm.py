@@ -173,7 +173,26 @@ class VLLMRunner:
                 )
         params = SamplingParams(temperature=0.0, max_tokens=1)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        self._flush_in_process()
         return [self._read(o, r) for o, r in zip(outs, rows)]
+
+    def _flush_in_process(self) -> None:
+        """Run the engine steps that write the finished requests' files when vLLM runs in this process.
+
+        The connector's scheduler side hands a finished request's save to the worker in the NEXT
+        step's metadata. With its own engine process (the default) that process keeps stepping; with
+        ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine inside this process: no spawn, an engine start
+        of ~2 s instead of ~20 s) ``generate`` returns before that step, the writer never runs and the
+        reader would wait on its lock forever. So step until the scheduler holds no request."""
+        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)  # InprocClient only
+        if core is None:
+            return
+        for _ in range(64):  # a bound, not a timeout: each step hands over every pending save at once
+            if not core.scheduler.has_requests():
+                return
+            self.llm.llm_engine.step()
+        raise TargetError("target.engine: vLLM's in-process engine kept requests after 64 steps; "
+                          "unset VLLM_ENABLE_V1_MULTIPROCESSING to run it in its own process")
 
     def _read(self, out, row: list[int]) -> Tensor:
         from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
