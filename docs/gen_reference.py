@@ -8,7 +8,8 @@ Pages (one module each under docs/refgen/): config.md (every run-config key, fro
 dataclasses and each draft family's), cli.md (every command and flag, from the real argparse parser),
 layouts.md (checkpoint and export layouts, from a tiny run made here on the CPU: a target built in code,
 a few training steps per family, every export), wire.md (the remote protocol, from the docstrings and
-constants of draftsmith.remote) and errors.md (every error class and its docstring). The output is
+constants of draftsmith.remote) errors.md (every error class and its docstring) and targets.md (the supported-target matrix of
+draftsmith.targets.support, with the installed vLLM's serving path per row). The output is
 deterministic: the same bytes on every run on one machine. reference/python-api.md is hand-written.
 
 tests/test_docs.py imports this file by path and compares :func:`render` with the files on disk.
@@ -29,11 +30,11 @@ if str(DOCS) not in sys.path:  # the refgen package sits beside this file
 if str(ROOT / "src") not in sys.path:  # a checkout without `pip install -e .` still generates
     sys.path.insert(1, str(ROOT / "src"))
 
-from refgen import cli_page, config_page, errors_page, layouts_page, wire_page  # noqa: E402
+from refgen import cli_page, config_page, errors_page, layouts_page, targets_page, wire_page  # noqa: E402
 
 # page (relative to docs/) -> the function that renders it
 PAGES: dict[str, Callable[[], str]] = {m.PAGE: m.render for m in (config_page, cli_page, layouts_page, wire_page,
-                                                                   errors_page)}
+                                                                   errors_page, targets_page)}
 
 
 def _select(names: Optional[Sequence[str]]) -> list[str]:

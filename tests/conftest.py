@@ -1,8 +1,15 @@
+import os
 import sys
 from pathlib import Path
 
 # tests/fixtures.py (tiny tokenizers and targets built in code) is importable as `fixtures`.
 sys.path.insert(0, str(Path(__file__).parent))
+
+# vLLM engines started by tests (vllm.LLM in a test's subprocess, the vllm feature engine) run inside
+# their process instead of spawning an engine process: an engine start of ~2 s instead of ~20 s, and a
+# process that opens several engines imports vLLM once. tests/integration/test_vllm_load.py keeps the
+# spawned engine (the default users get) covered; a test that needs it sets the variable to "1".
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 import pytest  # noqa: E402

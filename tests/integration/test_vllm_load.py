@@ -39,7 +39,8 @@ def test_trained_draft_generates_in_vllm_identically_to_no_speculation(tmp_path)
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
                for q in ("Tell me a joke about cats.", "What is the capital of France?")]
     prompts = [p if isinstance(p, list) else p["input_ids"] for p in prompts]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # the engine in its own process, as users get it (tests/conftest.py runs the others in-process)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), str(target), str(draft), "3", json.dumps(prompts), "24"],
                           capture_output=True, text=True, timeout=600, env=env)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
