@@ -15,20 +15,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread():
-    """The tests' own torch work on one thread: their models are tiny, so a second intra-op thread costs more
-    in handoffs than it computes (tests/drafts + tests/data: 47 s on one thread, 65 s on two, 2026-12-03),
-    and on a 2-core machine it spins against the vLLM servers and subprocesses the suite starts. Those
-    subprocesses (servers, torchrun ranks) keep their own thread counts."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def restore_threads():
     """``train.num_threads: 1`` sets torch's global thread count; give the rest of the session its own
