@@ -34,10 +34,20 @@ class DraftConfig:
     # config that sets it): the training-time-test unroll of chain drafts (EAGLE-3), and so the K of
     # train.spec_eval_every for them; the other families draft their own K and do not read it
     ttt_steps: int = 7
+    # the draft's MLP width; 0 = from the target: a dense target's intermediate_size, an MoE target's per-token
+    # active width (experts per token x expert width, at most 4 x hidden; docs/reference/targets.md)
+    intermediate_size: int = 0
+
+    def mlp_width(self, info: Any) -> int:
+        """The MLP width of this draft for a target (``info``: TargetInfo)."""
+        return int(self.intermediate_size) or int(info.intermediate_size)
 
     def problems(self) -> list[str]:
         """Value-range problems the types cannot express, one line each (config.py reports them all)."""
-        return positive(self, "ttt_steps")
+        p = positive(self, "ttt_steps")
+        if self.intermediate_size < 0:
+            p.append(f"'draft.intermediate_size' = {self.intermediate_size}: expected 0 (from the target) or a width >= 1")
+        return p
 
 
 def positive(section: Any, *keys: str) -> list[str]:

@@ -160,7 +160,7 @@ def config_kwargs(info: Any, draft: Any) -> dict:
     return dict(
         hidden_size=info.hidden_size, num_attention_heads=info.num_attention_heads,
         num_key_value_heads=info.num_key_value_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size, num_target_layers=info.num_layers,
+        intermediate_size=draft.mlp_width(info), vocab_size=info.vocab_size, num_target_layers=info.num_layers,
         num_hidden_layers=draft.num_draft_layers, block_size=draft.block_size, mask_token_id=draft.mask_token_id,
         num_anchors=draft.num_anchors, loss_decay_gamma=draft.loss_decay_gamma, rms_norm_eps=info.rms_norm_eps,
         rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),

@@ -206,7 +206,7 @@ def eagle_fields(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids:
     return dict(
         hidden_size=info.hidden_size, target_hidden_size=info.hidden_size,
         num_attention_heads=info.num_attention_heads, num_key_value_heads=info.num_key_value_heads,
-        head_dim=info.head_dim, intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
+        head_dim=info.head_dim, intermediate_size=draft.mlp_width(info), vocab_size=info.vocab_size,
         draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
         rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
         max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
