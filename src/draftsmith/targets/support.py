@@ -45,7 +45,7 @@ MATRIX: tuple[TargetRow, ...] = (
     TargetRow("qwen3", "Qwen3ForCausalLM", "qwen3", "Qwen3 0.6B-32B", "q/k RMSNorm, tied embeddings",
               families=("eagle3", "dflash")),
     TargetRow("qwen3-moe", "Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3 30B-A3B / 235B-A22B",
-              "sparse MoE MLP"),
+              "sparse MoE MLP (the draft's MLP takes the per-token active width; draft.intermediate_size sets it)"),
     TargetRow("mistral", "MistralForCausalLM", "mistral", "Mistral 7B, Ministral", "sliding-window attention"),
     TargetRow("phi3", "Phi3ForCausalLM", "phi3", "Phi-3 / Phi-3.5 mini", "fused qkv_proj and gate_up_proj",
               limits="longrope (Phi-3.5's 128k configs) is covered by the draft's rope tests, not by this row"),
