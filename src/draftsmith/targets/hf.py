@@ -71,12 +71,12 @@ def draft_mlp_width(cfg) -> int:
 
 
 def head_fields(cfg) -> dict:
-    """TargetInfo's head-form fields (targets/head.py HeadForm) from the target's config."""
+    """TargetInfo's head-form fields (targets/head.py HeadForm, same names) from the target's config."""
+    from dataclasses import asdict
+
     from draftsmith.targets.head import head_form_of
 
-    form = head_form_of(cfg)
-    return {"norm_offset": form.norm_offset, "logit_multiplier": form.logit_multiplier,
-            "logit_softcap": form.logit_softcap}
+    return asdict(head_form_of(cfg))
 
 
 def check_device_map(device_map: Optional[str]) -> None:
