@@ -4,11 +4,7 @@ import pytest
 import torch
 
 from draftsmith.config import CHOICES, ConfigError, build_config
-from draftsmith.drafts import FAMILIES, KNOWN_FAMILIES, DraftError, family_of_config, get_family
-
-# What drafts/__init__.py says every family module exports (P-EAGLE / DFlash must pass this too).
-CONTRACT = ("SUPERVISION", "PROGRESS", "layer_rule", "config_from_target", "config_from_export", "Model",
-            "attach_target", "summarize", "scalars", "describe", "load_exported", "layer_ids_from_export")
+from draftsmith.drafts import FAMILIES, KNOWN_FAMILIES, DraftError, Family, FamilyCode, family_of_config, get_family
 
 
 @pytest.mark.parametrize("config, family", [
@@ -24,13 +20,32 @@ def test_family_of_config(config, family):
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_registered_families_export_the_contract(name):
-    module = get_family(name)
-    missing = [n for n in CONTRACT if not hasattr(module, n)]
-    assert not missing, f"{FAMILIES[name]} lacks {missing}"
-    assert isinstance(module.SUPERVISION, str) and name in KNOWN_FAMILIES
+def test_registered_families_declare_the_typed_contract(name):
+    from dataclasses import fields
+
+    family = get_family(name)
+    assert isinstance(family.contract, FamilyCode) and name in KNOWN_FAMILIES
+    for f in fields(FamilyCode):  # every entry is read through the Family, from CODE (no other source)
+        assert getattr(family, f.name) is getattr(family.contract, f.name)
+        assert f.name == "checkpoint_meta" or getattr(family, f.name) is not None
+    assert isinstance(family.SUPERVISION, str)
     for attr in ("supervised", "export_config"):
-        assert callable(getattr(module.Model, attr))
+        assert callable(getattr(family.Model, attr))
+
+
+def test_a_family_module_without_code_fails_by_name_and_unknown_names_are_not_forwarded(tmp_path, monkeypatch):
+    (tmp_path / "codeless_family.py").write_text("Model = object\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fam = Family(name="codeless", display="Codeless", api="codeless_family", config=get_family("eagle3").config,
+                 supervision="eagle3", recognises=lambda c: False)
+    with pytest.raises(TypeError, match=r"codeless_family: expected CODE = FamilyCode"):
+        fam.Model
+    with pytest.raises(AttributeError):
+        get_family("eagle3").no_such_entry  # the contract is the dataclass's fields, nothing else
+    with pytest.raises(TypeError, match="describe"):  # a CODE missing an entry fails at construction, by name
+        FamilyCode(**{f: None for f in ("layer_rule", "config_from_target", "config_from_export", "Model", "Proposer",
+                                        "attach_target", "load_exported", "layer_ids_from_export", "summarize",
+                                        "scalars", "PROGRESS")})
 
 
 def test_every_known_family_trains_and_an_unknown_one_is_a_one_line_error():

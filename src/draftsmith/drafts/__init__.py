@@ -9,8 +9,10 @@ tests/drafts/toy_family) needs no edit anywhere else. ``train/`` joins a family 
 family names the supervision kind it learns from by string (a key of ``targets.contract.SUPERVISION``)
 and never imports ``targets/``.
 
-The family contract: a Family's ``api`` module (``eagle3/api.py`` is the reference) exports these
-names, which the Family forwards (``get_family("eagle3").Model``):
+The family contract: a Family's ``api`` module (``eagle3/api.py`` is the reference) declares
+``CODE = FamilyCode(...)`` (drafts/family.py) with these entries, which the Family reads
+(``get_family("eagle3").Model``); the constructor requires each one, so a family that lacks one fails
+when its module is imported:
 
 ``layer_rule(draft) -> (rule, count)``
     its default target layer ids: a rule of ``targets.contract.LAYER_ID_RULES`` and how many ids
@@ -48,13 +50,13 @@ names, which the Family forwards (``get_family("eagle3").Model``):
 ``SUPERVISION`` (the supervision kind) is the Family's own ``supervision`` field.
 Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every
 optimizer step and before each held-out evaluation (Domino's loss schedule reads it).
-Optional in the api module: ``checkpoint_meta(model) -> dict``, JSON-able facts the trainer merges
+Optional in CODE: ``checkpoint_meta(model) -> dict`` (default None), JSON-able facts the trainer merges
 into the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer_ids).
 """
 
 from __future__ import annotations
 
-from .family import DraftConfig, Family, KRule, WeightRule  # noqa: F401 (the description's parts)
+from .family import DraftConfig, Family, FamilyCode, KRule, WeightRule  # noqa: F401 (the description's parts)
 
 # name -> Family, in registration order (the first is draft.type's default)
 FAMILIES: dict[str, Family] = {}
@@ -126,6 +128,11 @@ def layer_count_fixup(config: dict, names) -> tuple[int, int] | None:
     if not layers or want is None or layers != set(range(len(layers))) or int(want) <= len(layers):
         return None
     return int(want), len(layers)
+
+
+def vllm_methods() -> list[str]:
+    """Every vLLM speculative method a registered family is served with (own methods, then aliases)."""
+    return list(dict.fromkeys(m for f in FAMILIES.values() for m in f.vllm_methods))
 
 
 def get_family(name: str) -> Family:

@@ -9,16 +9,18 @@ registered in ``drafts/__init__.py`` with :func:`draftsmith.drafts.register`. It
   trains on packed rows);
 - its draft-section dataclass (``config``, a :class:`DraftConfig`), which ``draft.type`` picks;
 - its code: ``api``, the dotted name of the module implementing the family contract (see
-  ``drafts/__init__.py``). That module is imported on first use, and every name a Family does not
-  declare itself is read from it, so ``family.Model`` or ``family.summarize(sums)`` are the code's.
+  ``drafts/__init__.py``). That module is imported on first use and declares ``CODE``, a
+  :class:`FamilyCode` (a typed record of the contract: a family missing a name fails when its api
+  module is imported, not mid-run); ``family.Model`` or ``family.summarize(sums)`` read it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 LAYOUTS = ("eagle", "block")
 
@@ -96,6 +98,37 @@ def lookup(config: dict, dotted: str) -> Any:
 
 
 @dataclass(frozen=True)
+class FamilyCode:
+    """The family contract (drafts/__init__.py documents each entry): what config, train/, eval/ and
+    serve/ call. A family's api module declares ``CODE = FamilyCode(...)``; every entry but the optional
+    ones is required by the constructor, so a missing one fails at import with the entry's name."""
+
+    layer_rule: Callable[..., Any]  # (draft) -> (rule, count)
+    config_from_target: Callable[..., Any]  # (info, draft, *, draft_vocab_size, num_layer_ids, layer_ids=None) -> Config
+    config_from_export: Callable[[dict], Any]  # config.json -> Config
+    Model: type  # Model(config): nn.Module with supervised(sup), export_config(...), cfg
+    Proposer: type  # Proposer(model): the offline proposer (drafts/proposer.py)
+    attach_target: Callable[..., None]  # (model, draft, *, embeddings, head, vocab)
+    load_exported: Callable[..., Any]  # (config, state, target_embeddings[, target_lm_head]) -> Model
+    layer_ids_from_export: Callable[[dict], list]  # config.json -> engine layer ids
+    summarize: Callable[[dict], dict]  # metric sums -> summary
+    scalars: Callable[[dict], dict]  # summary -> {name: float}
+    describe: Callable[[dict], str]  # summary -> one line
+    PROGRESS: Mapping[str, str]  # progress-bar label -> scalars key
+    checkpoint_meta: Optional[Callable[[Any], dict]] = None  # model -> JSON-able facts merged into meta.json
+
+
+@functools.lru_cache(maxsize=None)
+def _code_of(api: str) -> FamilyCode:
+    module = importlib.import_module(api)
+    code = getattr(module, "CODE", None)
+    if not isinstance(code, FamilyCode):
+        raise TypeError(f"draft family module {api}: expected CODE = FamilyCode(...) (drafts/family.py), "
+                        f"got {type(code).__name__}")
+    return code
+
+
+@dataclass(frozen=True)
 class Family:
     """One draft family: its facts, its draft-section dataclass and (``api``) its code."""
 
@@ -119,6 +152,8 @@ class Family:
     packing: bool = False
     eval_archs: tuple[str, ...] = ()  # architectures the offline evaluator loads (empty: any it recognises)
     vllm_method: Optional[str] = None  # vLLM speculative method; None: vLLM cannot serve it
+    # other vLLM methods that build the same model class over these weights (serve vllm --method accepts them)
+    vllm_method_aliases: tuple[str, ...] = ()
     vllm_arch: Optional[str] = None  # architectures[0] vLLM's loader expects
     parallel_drafting: bool = False  # vLLM's speculative-config flag (one forward drafts K)
     speculators_type: Optional[str] = None  # speculators_model_type of a speculators-format export
@@ -173,15 +208,34 @@ class Family:
             soft = int(value) + self.trained_depth.offset if value else None
         return hard, soft
 
+    @property
+    def vllm_methods(self) -> tuple[str, ...]:
+        """Every vLLM method that serves this family: its own, then its aliases."""
+        return ((self.vllm_method,) if self.vllm_method else ()) + self.vllm_method_aliases
+
     def code(self) -> ModuleType:
         """The module implementing the family contract (imported once, on first use)."""
         return importlib.import_module(self.api)
 
-    def __getattr__(self, name: str) -> Any:
-        # only reached for names the dataclass does not declare: the family's code
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.code(), name)
+    @property
+    def contract(self) -> FamilyCode:
+        """The family's :class:`FamilyCode` (its api module's ``CODE``)."""
+        return _code_of(self.api)
+
+    # the contract's entries, read from ``contract`` (drafts/__init__.py documents each)
+    layer_rule = property(lambda self: self.contract.layer_rule)
+    config_from_target = property(lambda self: self.contract.config_from_target)
+    config_from_export = property(lambda self: self.contract.config_from_export)
+    Model = property(lambda self: self.contract.Model)
+    Proposer = property(lambda self: self.contract.Proposer)
+    attach_target = property(lambda self: self.contract.attach_target)
+    load_exported = property(lambda self: self.contract.load_exported)
+    layer_ids_from_export = property(lambda self: self.contract.layer_ids_from_export)
+    summarize = property(lambda self: self.contract.summarize)
+    scalars = property(lambda self: self.contract.scalars)
+    describe = property(lambda self: self.contract.describe)
+    PROGRESS = property(lambda self: self.contract.PROGRESS)
+    checkpoint_meta = property(lambda self: self.contract.checkpoint_meta)
 
     def __repr__(self) -> str:
         return f"Family({self.name!r}, api={self.api!r})"

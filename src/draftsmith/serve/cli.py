@@ -178,8 +178,17 @@ def _common_serve(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after --: passed to the server unchanged")
 
 
+def _own_methods() -> str:
+    """"eagle3 for EAGLE-3, ..." from the registry (the --method help)."""
+    from draftsmith.drafts import FAMILIES
+
+    return ", ".join(f"{f.vllm_method} for {f.short}" for f in FAMILIES.values() if f.vllm_method)
+
+
 def register(subparsers) -> None:
     """Add ``serve`` (``vllm``/``sglang``), ``export`` and ``doctor`` to a ``add_subparsers()`` object."""
+    from draftsmith.drafts import vllm_methods
+
     from .preflight import FLAG, FLAG_HELP
 
     s = subparsers.add_parser("serve", help="serve a trained draft with vLLM or SGLang")
@@ -188,8 +197,8 @@ def register(subparsers) -> None:
     _common_serve(v, 8000)
     v.add_argument("-k", "--num-speculative-tokens", dest="num_speculative_tokens", type=int, default=None,
                    help="K (default: block_size-1 for DFlash, num_depths for P-EAGLE; required for EAGLE-3)")
-    v.add_argument("--method", default=None, choices=["eagle3", "eagle", "dflash"],
-                   help="speculative method (default: dflash for DFlash-family drafts, else eagle3)")
+    v.add_argument("--method", default=None, choices=vllm_methods(),
+                   help="speculative method (default: the draft family's own: " + _own_methods() + ")")
     v.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
     v.add_argument("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the target's)")
     v.add_argument(FLAG, dest="transformers_backend", action="store_true", help=FLAG_HELP)

@@ -155,8 +155,8 @@ def check_method(config: dict, method: Optional[str]) -> str:
     over these weights). An empty ``config`` (a hub id: nothing known here) takes any method."""
     fam = family_of(config)
     auto = fam.vllm_method
-    own_kind = {f.vllm_method: f.layout for f in FAMILIES.values() if f.vllm_method}
-    if config and method is not None and own_kind.get(method, "eagle") != fam.layout:
+    own_kind = {m: f.layout for f in FAMILIES.values() for m in f.vllm_methods}
+    if config and method is not None and own_kind.get(method) != fam.layout:
         raise ServeError(f"--method {method}: the draft's config.json describes a {fam.name}-family draft, which vLLM "
                          f"serves with method {auto}; drop --method (it defaults to {auto}) or pass --method {auto}")
     return auto

@@ -462,7 +462,7 @@ class Trainer:
             "draft_type": self.cfg.draft.type,
             "chat_template_kwargs": self.template_kwargs,  # eval and serve render prompts with these
         }
-        if hasattr(self.family, "checkpoint_meta"):  # the family's own facts (DFlash: block size, mask token, ids)
+        if self.family.checkpoint_meta is not None:  # the family's own facts (DFlash: block size, mask token, ids)
             meta.update(self.family.checkpoint_meta(self.draft))
         self.par.on_main(lambda: ckpt.save_checkpoint(
             self.ckpt_root, self.pos.name_epoch, self.step,

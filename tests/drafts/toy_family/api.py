@@ -11,6 +11,7 @@ from draftsmith.drafts.eagle3 import api as eagle3
 from draftsmith.drafts.eagle3.config import Eagle3Config, eagle_fields
 from draftsmith.drafts.eagle3.export import load_exported as load_eagle3
 from draftsmith.drafts.eagle3.model import Eagle3Draft
+from draftsmith.drafts.family import FamilyCode
 
 from . import ARCH
 
@@ -48,3 +49,9 @@ def config_from_export(config: dict) -> Eagle3Config:
 def load_exported(config: dict, state: dict[str, torch.Tensor],
                   target_embeddings: Optional[torch.Tensor] = None) -> ToyDraft:
     return load_eagle3(config, state, target_embeddings, draft=ToyDraft(config_from_export(config)))
+
+
+CODE = FamilyCode(layer_rule=layer_rule, config_from_target=config_from_target, config_from_export=config_from_export,
+                  Model=Model, Proposer=Proposer, attach_target=attach_target, load_exported=load_exported,
+                  layer_ids_from_export=layer_ids_from_export, summarize=summarize, scalars=scalars, describe=describe,
+                  PROGRESS=PROGRESS)

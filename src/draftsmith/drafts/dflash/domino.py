@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..chunked import chunked_rows
+from ..family import FamilyCode
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
@@ -163,3 +164,9 @@ def load_exported(config: dict, state: dict[str, torch.Tensor], target_embedding
                   target_lm_head: Optional[torch.Tensor] = None) -> DominoDraft:
     return dflash.load_exported(config, state, target_embeddings, target_lm_head, model_cls=DominoDraft,
                                 cfg=config_from_export(config))
+
+
+CODE = FamilyCode(layer_rule=layer_rule, config_from_target=config_from_target, config_from_export=config_from_export,
+                  Model=Model, Proposer=Proposer, attach_target=attach_target, load_exported=load_exported,
+                  layer_ids_from_export=layer_ids_from_export, summarize=summarize, scalars=scalars, describe=describe,
+                  PROGRESS=PROGRESS, checkpoint_meta=checkpoint_meta)

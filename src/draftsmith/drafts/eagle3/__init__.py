@@ -28,7 +28,8 @@ def recognises(config: dict) -> bool:
 FAMILY = Family(
     name="eagle3", display="EAGLE-3 (chain)", article="an", api="draftsmith.drafts.eagle3.api",
     config=Eagle3DraftConfig, supervision="eagle3", recognises=recognises, fallback=True, packing=True,
-    eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
+    eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_method_aliases=("eagle",),
+    vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
     serve_k_missing="EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
                     "start, at most the ttt_steps it was trained with)",
     trained_depth=KRule(("draftsmith.ttt_steps",), why="the training-time-test unroll it was trained with"),

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from ..family import FamilyCode
 from .config import config_from_export, config_from_target, layer_rule  # noqa: F401
 from .export import layer_ids_from_export, load_exported  # noqa: F401
 from .infer import Eagle3Proposer as Proposer  # noqa: F401
 from .model import PROGRESS, Eagle3Draft as Model, attach_target, describe, scalars, summarize  # noqa: F401
+
+CODE = FamilyCode(layer_rule=layer_rule, config_from_target=config_from_target, config_from_export=config_from_export,
+                  Model=Model, Proposer=Proposer, attach_target=attach_target, load_exported=load_exported,
+                  layer_ids_from_export=layer_ids_from_export, summarize=summarize, scalars=scalars, describe=describe,
+                  PROGRESS=PROGRESS)
