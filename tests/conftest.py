@@ -15,6 +15,17 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def vllm_inproc(tmp_path_factory):
+    """The session's one in-process vLLM host (tests/vllm_inproc.py): started on first use, so a run without
+    serving tests never imports vLLM; the serving tests run their drafts in it one after the other."""
+    from vllm_inproc import InProcessVLLM
+
+    host = InProcessVLLM(tmp_path_factory.getbasetemp() / "vllm_inproc.log")
+    yield host
+    host.close()
+
+
 @pytest.fixture(scope="module")
 def restore_threads():
     """``train.num_threads: 1`` sets torch's global thread count; give the rest of the session its own

