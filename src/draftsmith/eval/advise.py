@@ -413,8 +413,7 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
         for b in batches:
             p = plain[b]
             runs = [{**measured[label][b], "kind": kind, "label": label, "k": k,
-                     "one_forward": kind == "draft" and (drafts[label].described.parallel_drafting
-                                                         or drafts[label].described.layout == "block")}
+                     "one_forward": kind == "draft" and drafts[label].described.drafts_in_one_forward}
                     for kind, label, k in specs]
             model, methods, notes = fit_batch(p, runs, b)
             rows = predict_all(model, methods)

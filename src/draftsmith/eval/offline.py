@@ -194,7 +194,7 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
         notes.append(f"{d / 'config.json'}: num_hidden_layers {fix[0]} read as {fix[1]}, the layers its weights "
                      "hold (as draftsmith serve does)")
     section, name = fam.layer_ids_key.split(".")
-    if fam.layout == "eagle" and not lookup(config, fam.layer_ids_key) and default_layer_ids:
+    if fam.reads_default_layer_ids and not lookup(config, fam.layer_ids_key) and default_layer_ids:
         config = {**config, section: {**(config.get(section) or {}), name: list(default_layer_ids)}}
         notes.append(f"{d / 'config.json'}: no {name}; reading {list(default_layer_ids)}, "
                      "the target's engine default (2, L//2, L-3), as vLLM and SGLang do")

@@ -135,13 +135,8 @@ def check_keys(cfg: dict, family: str) -> list[str]:
     for key in _fam(family).required_keys:
         if cfg.get(key) is None:
             out.append(f"config.json: '{key}' is missing; re-export the draft (draftsmith writes it) or add it by hand")
-    if _fam(family).layout == "block":
-        dflash = cfg.get("dflash_config") or {}
-        for key in ("mask_token_id", "target_layer_ids"):
-            if dflash.get(key) is None:
-                out.append(f"config.json: 'dflash_config.{key}' is missing; vLLM's DFlash loader needs it")
-        if not (cfg.get("block_size") or dflash.get("block_size")):
-            out.append("config.json: 'block_size' is missing; K defaults to block_size - 1, set it to the trained block size")
+    if _fam(family).doctor_checks:
+        out += _fam(family).doctor_checks(cfg)
     return out
 
 
@@ -154,7 +149,7 @@ def check_default_aux(draft: Draft, shapes: dict, tgt: Optional[TargetFacts]) ->
     from draftsmith.targets.contract import engine_default_aux_layer_ids
 
     cfg = draft.config
-    if draft.described.layout != "eagle" or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
+    if not draft.described.reads_default_layer_ids or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
             or cfg.get("eagle_aux_hidden_state_layer_ids"):
         return [], []
     key = "config.json: eagle_config.eagle_aux_hidden_state_layer_ids is absent"
@@ -185,7 +180,7 @@ def check_default_aux(draft: Draft, shapes: dict, tgt: Optional[TargetFacts]) ->
 
 
 def check_weights(cfg: dict, family: str, shapes: dict) -> list[str]:
-    if _fam(family).layout != "eagle":  # block drafts: no fc/lm_head of their own to check against config.json
+    if not _fam(family).owns_head:  # block drafts: no fc/lm_head of their own to check against config.json
         return []
     out = []
     h, ht = cfg.get("hidden_size"), cfg.get("target_hidden_size") or cfg.get("hidden_size")
@@ -264,7 +259,7 @@ def check_layers(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str
 def check_mask(cfg: dict, family: str, tgt: Optional[TargetFacts]) -> list[str]:
     if not _fam(family).needs_mask_token:
         return []
-    from .vllm import mask_token
+    from draftsmith.drafts.family import mask_token
 
     m = mask_token(cfg)
     if m is None:

@@ -97,11 +97,6 @@ def family_of(config: dict) -> Family:
     return get_family(family_of_config(config))
 
 
-def is_block_layout(config: dict) -> bool:
-    """True for a block-layout draft (the DFlash family: ``Qwen3DFlashDraftModel``, ``dflash_config``)."""
-    return family_of(config).layout == "block"
-
-
 def reject_unservable(config: dict, source: Optional[str] = None) -> None:
     """A family no engine serves (its ``serve_refusal``; Domino: vLLM 0.32 and SGLang have no model for
     its GRU correction head): a :class:`ServeError` (exit 2) that says what does work. ``source``:
@@ -315,7 +310,7 @@ def family_weight_problems(draft: Draft) -> list[str]:
     declares more layers than the weights hold is a fixup (:func:`layer_count_fixup`), not a problem.
     """
     fam = draft.described
-    if draft.is_hub or fam.layout != "eagle":
+    if draft.is_hub or not fam.owns_head:
         return []
     names = {n.removeprefix("model.") for n in weight_names(draft)}
     where = f"config.json describes {fam.article} {fam.short} draft"
@@ -338,5 +333,5 @@ def check_family_weights(draft: Draft) -> None:
 
 __all__ = ["Draft", "ServeError", "check_family_weights", "family_weight_problems", "held_layers",
            "layer_count_fixup", "servable_config", "servable_weights", "aux_order_fixup", "reorder_aux_blocks",
-           "EngineMissing", "resolve_draft", "draft_family", "family_of", "is_block_layout", "reject_unservable",
+           "EngineMissing", "resolve_draft", "draft_family", "family_of", "reject_unservable",
            "safetensors_header", "weight_shapes", "weight_names", "TOKENIZER_ASSETS"]

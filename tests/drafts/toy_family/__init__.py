@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftsmith.drafts.eagle3 import serving as eagle3_serving
 from draftsmith.drafts.eagle3.config import EagleDraftConfig
 from draftsmith.drafts.family import Family
 
@@ -36,6 +37,8 @@ FAMILY = Family(
     name="toy", display="Toy (chain)", api="toy_family.api", config=ToyDraftConfig, supervision="eagle3",
     recognises=lambda config: (config.get("architectures") or [None])[0] == ARCH,
     vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
+    # served as an EAGLE-3 chain: it composes EAGLE-3's engine writers
+    vllm_writer=eagle3_serving.vllm_config, speculators_writer=eagle3_serving.speculators_fields,
     serve_k_missing="Toy drafts need --num-speculative-tokens K",
     required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "draft_vocab_size"),
 )

@@ -5,7 +5,8 @@ change each, so they live here and reuse everything else.
 
 Layout: ``config.py`` (the ``draft`` sections and the model config both ways; torch-free),
 ``model.py`` (anchors, blocks, visibility, loss, metrics, the draft), ``infer.py`` (the block
-proposer), ``export.py`` (loading an export, checkpoint meta), ``api.py`` (DFlash's contract;
+proposer), ``export.py`` (loading an export, checkpoint meta), ``serving.py`` (what vLLM, speculators and
+doctor read of its config.json; torch-free), ``api.py`` (DFlash's contract;
 ``jetspec.py`` and ``domino.py`` are their families' own). This file: the three families'
 descriptions, torch-free.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..family import Family, KRule
+from . import serving
 from .config import DFlashDraftConfig, DominoDraftConfig, JetSpecDraftConfig
 
 __all__ = ["FAMILY", "JETSPEC", "DOMINO", "DFLASH_ARCHS", "DFLASH2_ARCHS", "is_block_config", "dflash2_refusal"]
@@ -69,9 +71,10 @@ _BLOCK = dict(
     serve_k_missing="DFlash draft has no block_size >= 2 in config.json (top level or dflash_config); "
                     "pass --num-speculative-tokens",
     required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "num_hidden_layers"),
-    refuses=dflash2_refusal,
+    refuses=dflash2_refusal, doctor_checks=serving.doctor_problems, vllm_notes=serving.vllm_notes,
 )
-_SERVED = dict(vllm_method="dflash", vllm_arch="DFlashDraftModel", speculators_type="dflash")
+_SERVED = dict(vllm_method="dflash", vllm_arch="DFlashDraftModel", speculators_type="dflash",
+               vllm_writer=serving.vllm_config, speculators_writer=serving.speculators_fields)
 
 
 # SGLang's DFLASH algorithm (python/sglang/srt/speculative/dflash_worker.py, models/dflash.py) came with

@@ -2,13 +2,14 @@
 
 Layout as eagle3/: ``config.py`` (torch-free), ``model.py`` (COD sampling, the parallel loss, the
 draft composed of EAGLE-3's modules), ``infer.py`` (one-forward proposals and the parallel proposer),
-``export.py``, ``api.py``. This file: the family's description, torch-free.
+``export.py``, ``serving.py`` (EAGLE-3's engine fields plus the mask token), ``api.py``. This file: the family's description, torch-free.
 """
 
 from __future__ import annotations
 
 from ..eagle3 import FAMILY as EAGLE3
 from ..family import Family, KRule, WeightRule
+from . import serving
 from .config import PEagleDraftConfig
 
 __all__ = ["FAMILY"]
@@ -25,6 +26,7 @@ FAMILY = Family(
     name="peagle", display="P-EAGLE (parallel)", api="draftsmith.drafts.peagle.api", config=PEagleDraftConfig,
     supervision="eagle3", recognises=recognises, needs_mask_token=True,
     vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", parallel_drafting=True, speculators_type="peagle",
+    vllm_writer=serving.vllm_config, speculators_writer=serving.speculators_fields,
     packing=True,  # doc_ids: attention, positions and COD draws per document (model.py, tests/drafts/test_peagle_packing.py)
     serve_k=KRule(("num_depths",), why="it is K for parallel drafting", bound=True),
     serve_k_missing="P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens",
