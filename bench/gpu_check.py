@@ -62,6 +62,9 @@ def main() -> int:
                   "warmup_steps": 10, "device": str(device), "log_every": 1000, "eval_max_batches": 1},
         "output": {"dir": str(root / "run"), "tensorboard": False},
     }, "gpu-check")
+    # the allocator's stats exist once CUDA is initialised on the device; before that the reset raises
+    # "Invalid device argument" (seen on an H200, torch 2.11)
+    torch.empty(0, device=device)
     torch.cuda.reset_peak_memory_stats(device)
     result = train(cfg, progress=False)
     peak = torch.cuda.max_memory_allocated(device) / 2**20
