@@ -7,7 +7,7 @@ at most ``data.max_length`` positions, with ``doc_ids`` (B', T') int64 telling t
 conversation's index in the micro-batch, -1 on padding). A family whose description says ``packing``
 keeps attention, RoPE positions and its loss within each document (EAGLE-3's TTT steps:
 drafts/eagle3/ttt.py; the DFlash family's anchors, drawn per document as its own row would:
-drafts/dflash/documents.py), so a packed micro-batch has the loss, metrics and gradients of the same
+drafts/block_documents.py), so a packed micro-batch has the loss, metrics and gradients of the same
 conversations unpacked; it only computes fewer padded positions.
 
 ``train.batch_size`` stays *conversations* per micro-batch: the data order, the resume position and

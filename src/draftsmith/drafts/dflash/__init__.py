@@ -4,8 +4,8 @@ blocks, distilled) and Domino (``domino.py``: + a GRU correction head) are DFlas
 change each, so they live here and reuse everything else.
 
 Layout: ``config.py`` (the ``draft`` sections and the model config both ways; torch-free),
-``model.py`` (anchors, blocks, visibility, loss, metrics, the draft), ``infer.py`` (the block
-proposer), ``export.py`` (loading an export, checkpoint meta), ``serving.py`` (what vLLM, speculators and
+``model.py`` (DFlash's loss over the shared block backbone, drafts/block.py; the block proposer is
+drafts/block_infer.py), ``export.py`` (loading an export, checkpoint meta), ``serving.py`` (what vLLM, speculators and
 doctor read of its config.json; torch-free), ``api.py`` (DFlash's contract;
 ``jetspec.py`` and ``domino.py`` are their families' own). This file: the three families'
 descriptions, torch-free.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..family import FamilyCode
 from .config import config_from_export, config_from_target, layer_rule  # noqa: F401
 from .export import checkpoint_meta, layer_ids_from_export, load_exported  # noqa: F401
-from .infer import BlockProposer as Proposer  # noqa: F401
+from ..block_infer import BlockProposer as Proposer  # noqa: F401
 from .model import PROGRESS, DFlashDraft as Model, attach_target, describe, scalars, summarize  # noqa: F401
 
 CODE = FamilyCode(layer_rule=layer_rule, config_from_target=config_from_target, config_from_export=config_from_export,

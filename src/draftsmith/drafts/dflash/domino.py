@@ -45,6 +45,7 @@ class DominoDraft(DFlashDraft):
     """DFlash modules + ``prefix_gru`` + ``embed_proj``; cfg.extra holds the head's knobs."""
 
     draft_type = "domino"
+    greedy_only = "Domino drafts are evaluated greedily (its GRU walks its own argmax)"
 
     def __init__(self, cfg: DFlashConfig):
         super().__init__(cfg)

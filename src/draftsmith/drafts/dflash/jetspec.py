@@ -22,23 +22,16 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ..chunked import chunked_soft_ce
 from ..family import FamilyCode
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
+from ..block import teacher_positions
 from .model import DFlashDraft, DFlashOutput, block_metrics
 
 PROGRESS = dflash.PROGRESS
-
-
-def teacher_positions(anchor: torch.Tensor, block_size: int) -> torch.Tensor:
-    """(B, N) anchors -> (B, N, bs) sequence position of each block position's teacher: anchor + k - 1
-    (k = 0, the anchor itself, is never supervised; its entry, anchor - 1, is clamped at 0)."""
-    k = torch.arange(block_size, device=anchor.device)
-    return (anchor[..., None] + k - 1).clamp(min=0)
 
 
 class JetSpecDraft(DFlashDraft):
@@ -46,32 +39,6 @@ class JetSpecDraft(DFlashDraft):
     target's last state (``dflash_kd`` supervision) with the target's final norm and lm_head."""
 
     draft_type = "jetspec"
-
-    def __init__(self, cfg: DFlashConfig):
-        super().__init__(cfg)
-        # The target's final norm weight (H,): frozen, moved with the draft, never saved (persistent=False
-        # keeps checkpoints and exports as they were). Set by attach_teacher.
-        self.register_buffer("teacher_norm", None, persistent=False)
-        self.teacher_eps = cfg.rms_norm_eps
-
-    def attach_teacher(self, norm_weight: torch.Tensor, eps: float) -> None:
-        """The target's final norm weight (H,) and eps, which with the borrowed lm_head make its logits."""
-        self.teacher_norm = norm_weight.detach().clone()
-        self.teacher_eps = float(eps)
-
-    def teacher_logits(self, h_last: torch.Tensor) -> torch.Tensor:
-        """(..., H) target states at layer id L (before its final norm) -> (..., V) logits in h_last's
-        dtype, with the ops of targets/contract.py ``rebuild_logits`` in its order (so fp32 matches the
-        engines' logits bitwise): x = h.float(); y = w * (x * rsqrt(mean(x^2) + eps)).to(h.dtype);
-        y @ lm_head.T. Outside autocast: the engine computed them in its own dtype."""
-        if self.teacher_norm is None or self.lm_head is None:
-            raise RuntimeError("JetSpec draft has no target head; call attach_target(...) and "
-                               "attach_teacher(final_norm_weight, eps) first")
-        with torch.autocast(h_last.device.type, enabled=False):
-            x = h_last.float()
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.teacher_eps)
-            y = self.teacher_norm.to(h_last.dtype) * x.to(h_last.dtype)
-            return F.linear(y, self.lm_head.to(h_last.dtype))
 
     def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
                    sup: Any) -> DFlashOutput:

@@ -1,5 +1,5 @@
-"""The DFlash family's offline proposer (DFlash, JetSpec, Domino): what the exact evaluator and the
-trainer's real-tau hook drive, as vLLM 0.32's ``dflash`` method runs a block draft."""
+"""The block families' offline proposer (DFlash, JetSpec, Domino, DSpark): what the exact evaluator and
+the trainer's real-tau hook drive, as vLLM 0.32's ``dflash`` and ``dspark`` methods run a block draft."""
 
 from __future__ import annotations
 
@@ -7,22 +7,23 @@ from typing import Any
 
 import torch
 
-from ..proposer import DecodeState, Proposal, choose
+from .proposer import DecodeState, Proposal, choose
 
 __all__ = ["BlockProposer"]
 
 
 class BlockProposer:
-    """Block proposer for the DFlash family (DFlash, JetSpec, Domino), as vLLM 0.32's ``dflash``
-    method runs a draft (``qwen3_dflash.py``, ``v1/spec_decode/dflash.py``):
+    """Block proposer for any :class:`~draftsmith.drafts.block.BlockDraft`, as vLLM 0.32's ``dflash``
+    method runs a draft (``qwen3_dflash.py``, ``v1/spec_decode/dflash.py``; ``dspark`` alike):
 
     - context: the target's states at every committed position t < n go through fc + hidden_norm and
       each layer's k/v projections ONCE (``precompute_and_store_context_kv``) and stay cached; they are
       appended as positions are committed and never recomputed (committed positions never change);
     - block: [newest committed token, MASK x K] at positions n..n+K, one draft forward in which the
       block sees the whole cached context and itself (bidirectional, or causal for JetSpec); rows
-      1..K give d_1..d_K through the target's lm_head (Domino: rows 0..K-1 plus its GRU walk).
-    1 <= K <= the tokens one block drafts (block_size - 1; Domino with shift_label: block_size).
+      1..K give d_1..d_K through the target's lm_head (label offset 1, Domino and DSpark: K slots
+      [anchor, MASK x K-1], rows 0..K-1, then the family's walk over its sequential head).
+    1 <= K <= the tokens one block drafts (block_size - 1; with a label offset of 1: block_size).
     """
 
     kind = "block"
@@ -49,13 +50,13 @@ class BlockProposer:
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> Proposal:
-        from .. import DraftError
+        from . import DraftError
 
         d, k = self.draft, state.k
         if not 1 <= k <= self.max_k:
             raise ValueError(f"k={k}: this block draft drafts {self.max_k} tokens per forward; use 1 <= k <= {self.max_k}")
-        if state.temperature > 0 and hasattr(d, "set_progress"):
-            raise DraftError("Domino drafts are evaluated greedily (its GRU walks its own argmax); pass --temperature 0")
+        if state.temperature > 0 and getattr(d, "greedy_only", None):
+            raise DraftError(f"{d.greedy_only}; pass --temperature 0")
         n = state.aux.shape[0]  # committed positions with target states; tokens[n] is the anchor
         dev = d.fc.weight.device
         if n > self.filled:

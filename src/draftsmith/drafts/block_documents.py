@@ -1,14 +1,14 @@
 """The block drafts on packed rows (``data.packing``): anchors drawn per document, as its own row would.
 
-Model math only (``model.py`` composes it). A packed row holds several conversations told apart by
+Model math only (drafts/block.py composes it). A packed row holds several conversations told apart by
 ``doc_ids`` (B', T') int (one contiguous run per conversation, numbered 0..D-1 in the micro-batch's
 order, -1 on padding; train/packing.py). Unpacked, conversation d is row d of a (D, W) batch, W the
 longest conversation (collate pads to it), and its anchors are the N smallest of W uniform keys over
 its valid positions (loss_mask[a] and a <= W - block_size; drawn from its own generator, or row d of
-one (D, W) draw). :func:`document_rows` rebuilds exactly that (D, W) view of the loss mask, model.py's
+one (D, W) draw). :func:`document_rows` rebuilds exactly that (D, W) view of the loss mask, block.py's
 ``document_anchors`` draws the same keys in the same order with ``sample_anchors`` on it, and only
 then :func:`place_anchors` moves each document's anchors to their slots in the packed row. So a packed
-micro-batch gets the very anchors of the unpacked one, and with the document rules of model.py
+micro-batch gets the very anchors of the unpacked one, and with the document rules of block.py
 (context keys in [document start, anchor), RoPE positions from the document's first slot, labels
 before the document's end) the same loss and gradients.
 
