@@ -13,18 +13,18 @@ from draftsmith.config import ConfigError, build_config, load_config
 from draftsmith.drafts import FAMILIES
 
 # one knob of each family and the families that own it
-OWN = {"step_weight": "eagle3", "num_depths": "peagle", "block_size": "dflash/jetspec/domino",
+OWN = {"step_weight": "eagle3", "num_depths": "peagle", "block_size": "dflash/jetspec/domino/dspark", "markov_rank": "dspark",
        "kd_temperature": "jetspec", "gru_hidden_dim": "domino"}
-VALUE = {"step_weight": 0.5, "num_depths": 3, "block_size": 8, "kd_temperature": 2.0, "gru_hidden_dim": 16}
+VALUE = {"step_weight": 0.5, "num_depths": 3, "block_size": 8, "kd_temperature": 2.0, "gru_hidden_dim": 16, "markov_rank": 8}
 BASE = {"peagle": {"mask_token_id": 5}, "dflash": {"mask_token_id": 5}, "jetspec": {"mask_token_id": 5},
-        "domino": {"mask_token_id": 5}, "eagle3": {}}
+        "domino": {"mask_token_id": 5}, "dspark": {"mask_token_id": 5}, "eagle3": {}}
 
 
 def test_block_size_under_eagle3_is_refused_by_name():
     with pytest.raises(ConfigError) as err:
         build_config({"draft": {"type": "eagle3", "block_size": 8}})
     assert len(err.value.problems) == 1
-    assert err.value.problems[0].startswith("draft.block_size belongs to dflash/jetspec/domino; draft.type is eagle3")
+    assert err.value.problems[0].startswith("draft.block_size belongs to dflash/jetspec/domino/dspark; draft.type is eagle3")
 
 
 @pytest.mark.parametrize("family", list(BASE))

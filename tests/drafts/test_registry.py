@@ -49,9 +49,9 @@ def test_a_family_module_without_code_fails_by_name_and_unknown_names_are_not_fo
 
 
 def test_every_known_family_trains_and_an_unknown_one_is_a_one_line_error():
-    assert set(FAMILIES) == {"eagle3", "peagle", "dflash", "jetspec", "domino"}
+    assert set(FAMILIES) == {"eagle3", "peagle", "dflash", "jetspec", "domino", "dspark"}
     with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3, peagle, dflash, "
-                                         r"jetspec, domino$"):
+                                         r"jetspec, domino, dspark$"):
         get_family("medusa")
 
 

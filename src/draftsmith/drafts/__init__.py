@@ -144,10 +144,11 @@ def get_family(name: str) -> Family:
 
 
 # The families of this draftsmith, one line each (their descriptions are torch-free; code loads on first use).
-from . import dflash, eagle3, peagle  # noqa: E402
+from . import dflash, dspark, eagle3, peagle  # noqa: E402
 
 register(eagle3.FAMILY)
 register(peagle.FAMILY)
 register(dflash.FAMILY)
 register(dflash.JETSPEC)
 register(dflash.DOMINO)
+register(dspark.FAMILY)

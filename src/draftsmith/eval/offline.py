@@ -10,7 +10,7 @@ serves them:
 - P-EAGLE (:class:`~draftsmith.drafts.peagle.infer.PEagleProposer`, parallel): one draft forward per round over the target slots
   plus K-1 mask slots drafts K tokens (vLLM's ``parallel_drafting``); the target slots stay cached,
   the mask slots are recomputed every round. 1 <= K <= num_depths; eval's default K is num_depths.
-- DFlash family (:class:`~draftsmith.drafts.dflash.infer.BlockProposer`, block): the committed context's K/V stay cached; one draft
+- block families (:class:`~draftsmith.drafts.block_infer.BlockProposer`, block): the committed context's K/V stay cached; one draft
   forward over [newest token, MASK x K] drafts K tokens (vLLM's ``dflash``); default K = block_size - 1.
 
 Greedy output is token-identical to plain greedy decoding of the target; plain decoding runs side
@@ -193,9 +193,10 @@ def load_draft(path: str | Path, target_embeddings: Optional[torch.Tensor] = Non
         config = {**config, "num_hidden_layers": fix[1]}
         notes.append(f"{d / 'config.json'}: num_hidden_layers {fix[0]} read as {fix[1]}, the layers its weights "
                      "hold (as draftsmith serve does)")
-    section, name = fam.layer_ids_key.split(".")
     if fam.reads_default_layer_ids and not lookup(config, fam.layer_ids_key) and default_layer_ids:
-        config = {**config, section: {**(config.get(section) or {}), name: list(default_layer_ids)}}
+        section, _, name = fam.layer_ids_key.rpartition(".")  # "eagle_config.<ids>"; a top-level key has no section
+        ids = {name: list(default_layer_ids)}
+        config = {**config, section: {**(config.get(section) or {}), **ids}} if section else {**config, **ids}
         notes.append(f"{d / 'config.json'}: no {name}; reading {list(default_layer_ids)}, "
                      "the target's engine default (2, L//2, L-3), as vLLM and SGLang do")
     try:

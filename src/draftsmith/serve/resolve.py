@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from draftsmith.drafts import Family, family_of_config, get_family
 from draftsmith.drafts import held_layers as layers_in
 from draftsmith.drafts import layer_count_fixup as config_layer_fixup
+from draftsmith.drafts.family import lookup
 from draftsmith.weights import DamagedFile, read_tensors, safetensors_layout
 
 SAFETENSORS = "model.safetensors"
@@ -228,8 +229,7 @@ def aux_order_fixup(config: dict) -> Optional[tuple[str, list[int], list[int]]]:
     layer order, so both hand fc the states in ascending order while the draft learned the listed
     order. Repeated ids are left to doctor (its layer check names them): no order fixes those."""
     key = aux_ids_key(config)
-    section, name = key.split(".")
-    ids = (config.get(section) or {}).get(name)
+    ids = lookup(config, key)  # "eagle_config.<ids>", "dflash_config.target_layer_ids" or a top-level key
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
         return None
     return None if ids == sorted(ids) else (key, list(ids), sorted(ids))
@@ -282,8 +282,11 @@ def servable_config(draft: Draft) -> tuple[dict, list[str]]:
         from draftsmith.targets.contract import ENGINE_ORDER_WHY  # (imports torch: only when it is needed)
 
         key, listed, ascending = order
-        section, name = key.split(".")
-        config[section][name] = ascending
+        *sections, name = key.split(".")
+        holder = config
+        for section in sections:
+            holder = holder[section]
+        holder[name] = ascending
         notes.append(f"{key} {listed} -> {ascending} in the served copy, with fc's input blocks reordered to match "
                      f"({ENGINE_ORDER_WHY}; the draft was trained on the listed order); {draft.config_path} is left "
                      "as it is")
