@@ -34,6 +34,7 @@ from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import supervision_kind, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import packing, parallel
+from draftsmith.train.malloc import fix_malloc
 from draftsmith.train.optim import build_optimizer
 from draftsmith.train.progress import TrainBar, setup_lines
 from draftsmith.train.scalars import check_wandb, open_scalars
@@ -87,6 +88,8 @@ class Trainer:
         self.bf16 = cfg.train.bf16 if cfg.train.bf16 is not None else self.device.type == "cuda"
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
+        if self.device.type == "cpu":
+            fix_malloc()  # the resident set follows the live tensors (train/malloc.py: why, and the figures)
         torch.manual_seed(cfg.train.seed)  # the same on every rank: every rank builds the same draft
         self.out = Path(cfg.output.dir)
         self.ckpt_root = self.out / "checkpoints"
