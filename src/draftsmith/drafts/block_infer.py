@@ -3,13 +3,13 @@ the trainer's real-tau hook drive, as vLLM 0.32's ``dflash`` and ``dspark`` meth
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from .proposer import DecodeState, Proposal, choose
 
-__all__ = ["BlockProposer"]
+__all__ = ["BlockProposer", "load_block_export"]
 
 
 class BlockProposer:
@@ -71,3 +71,23 @@ class BlockProposer:
 
     def commit(self, state: DecodeState, num_accepted: int) -> None:
         pass  # only committed context is cached; the block is recomputed every round
+
+
+def load_block_export(model: Any, state: dict, target_embeddings: Optional[torch.Tensor] = None,
+                      target_lm_head: Optional[torch.Tensor] = None, hint: str = "") -> Any:
+    """A block draft ``model`` with an export's tensors (on-disk names) loaded for fp32 inference, borrowing
+    the target's embeddings and lm_head (``target_lm_head`` None: the embeddings, a tied target); a
+    ValueError names what does not fit (``hint`` ends it: what the weights should be)."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit a {type(model).__name__}: missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]}; {hint}")
+    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items() if state[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"weight shapes do not fit config.json: {'; '.join(bad[:3])}")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    if target_embeddings is not None:
+        head = target_lm_head if target_lm_head is not None else target_embeddings
+        model.attach_target(target_embeddings.float(), head.float())
+    return model.eval()

@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from ..block_infer import load_block_export
 from .config import ARCH, config_from_export
 from .model import DSparkDraft
 
@@ -34,18 +35,5 @@ def load_exported(config: dict, state: dict[str, torch.Tensor], target_embedding
                   target_lm_head: Optional[torch.Tensor] = None) -> DSparkDraft:
     """An fp32 eval draft from an export (on-disk names); the target's embeddings and lm_head are borrowed
     (``target_lm_head`` None: the embeddings, as for a tied target)."""
-    model = DSparkDraft(config_from_export(config))
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"weights do not fit a DSparkDraft: missing {missing[:4]}, unexpected {unexpected[:4]}; "
-                         f"is this a {ARCH} checkpoint of this draftsmith (enable_confidence_head and markov_rank "
-                         "as its weights say)?")
-    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items() if state[k].shape != v.shape]
-    if bad:
-        raise ValueError(f"weight shapes do not fit config.json: {'; '.join(bad[:3])}")
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    if target_embeddings is not None:
-        model.attach_target(target_embeddings.float(), (target_lm_head if target_lm_head is not None
-                                                        else target_embeddings).float())
-    return model.eval()
+    hint = f"is this a {ARCH} checkpoint of this draftsmith (enable_confidence_head and markov_rank as its weights say)?"
+    return load_block_export(DSparkDraft(config_from_export(config)), state, target_embeddings, target_lm_head, hint)
