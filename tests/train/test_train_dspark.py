@@ -129,3 +129,23 @@ def test_eval_is_lossless_with_k_of_the_block_and_doctor_is_clean(whole, tiny, t
     top = json.loads((spec / "config.json").read_text())
     assert top["speculators_model_type"] == "dspark" and top["sample_from_anchor"] is True
     assert top["aux_hidden_state_layer_ids"] == [2, 5] and top["speculators_config"]["algorithm"] == "dspark"
+
+
+@pytest.mark.slow
+def test_cache_engine_trains_the_same_draft(whole, tiny, tmp_path):
+    # the feature cache holds what dflash_kd needs (aux states and the last state): a run on it takes the same
+    # steps as the hf engine's run on the same rows
+    from draftsmith.cache.build import build_cache
+    from draftsmith.train.loop import train
+
+    cfg = run_config(tiny, tmp_path / "unused", save_every=SAVE)
+    build_cache(cfg, tmp_path / "cache", shard_rows=32, progress=False, log=lambda s: None)
+    cached = run_config(tiny, tmp_path / "cached", save_every=SAVE)
+    cached.target.engine, cached.target.cache_dir = "cache", str(tmp_path / "cache")
+    res = train(cached, progress=False)
+    a = load_file(str(whole.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    b = load_file(str(res.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    assert res.step == whole.step and a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    assert [round(l, 4) for _, l in res.history] == [round(l, 4) for _, l in whole.history]

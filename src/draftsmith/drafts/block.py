@@ -440,6 +440,11 @@ class BlockDraft(nn.Module):
         """Drafted rows (k, H) -> logits (k, V): the target's lm_head (Domino and DSpark walk their heads here)."""
         return self.logits(h).float()
 
+    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
+        """config.json (the family config's ``to_export``), naming this draft's family; ``aux_layer_ids``
+        are the engine ids it read (on disk: decoder-layer outputs, minus one)."""
+        return self.cfg.to_export(aux_layer_ids, torch_dtype, self.draft_type)
+
 
 def empty_sums(positions: int, device: Any = None) -> dict:
     z = torch.zeros(positions, dtype=torch.long, device=device)

@@ -29,7 +29,8 @@ from ..family import FamilyCode
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
-from .model import DFlashDraft, DFlashOutput, block_metrics
+from ..block import BlockDraft
+from .model import DFlashOutput, block_metrics
 
 PROGRESS = dflash.PROGRESS
 
@@ -41,7 +42,7 @@ def lambda_at(step: int, total: int, start: float, decay_ratio: float) -> float:
     return min(1.0, max(0.0, start * (1.0 - min(step / span, 1.0))))
 
 
-class DominoDraft(DFlashDraft):
+class DominoDraft(BlockDraft):
     """DFlash modules + ``prefix_gru`` + ``embed_proj``; cfg.extra holds the head's knobs."""
 
     draft_type = "domino"

@@ -28,13 +28,13 @@ from ..family import FamilyCode
 from ..layers import LossParts
 from . import api as dflash  # the DFlash contract this family reuses
 from .config import DFlashConfig
-from ..block import teacher_positions
-from .model import DFlashDraft, DFlashOutput, block_metrics
+from ..block import BlockDraft, teacher_positions
+from .model import DFlashOutput, block_metrics
 
 PROGRESS = dflash.PROGRESS
 
 
-class JetSpecDraft(DFlashDraft):
+class JetSpecDraft(BlockDraft):
     """DFlash modules, causal blocks, KD loss against the target's logits, which it rebuilds from the
     target's last state (``dflash_kd`` supervision) with the target's final norm and lm_head."""
 

@@ -31,11 +31,10 @@ __all__ = ["DFlashDraft", "DFlashOutput", "NoValidAnchors", "sample_anchors", "d
 
 
 class DFlashDraft(BlockDraft):
-    """DFlash draft (``Qwen3DFlashDraftModel``): the block backbone, CE against the data tokens. JetSpec
-    and Domino subclass it (the same draft with one change each)."""
+    """DFlash draft (``Qwen3DFlashDraftModel``): the block backbone, CE against the data tokens."""
 
     label_offset = 0  # block slot k predicts token anchor + k (the anchor slot predicts nothing)
-    draft_type = "dflash"  # the family its export names (JetSpec, Domino: their own)
+    draft_type = "dflash"  # the family its export names
 
     def block_loss(self, h: torch.Tensor, labels: torch.Tensor, lmask: torch.Tensor, anchor: torch.Tensor,
                    sup: Any) -> DFlashOutput:
@@ -48,10 +47,6 @@ class DFlashDraft(BlockDraft):
         correct = torch.zeros_like(lmask)
         correct[lmask] = hits
         return DFlashOutput(parts.loss(), block_metrics(correct.detach(), lmask, 1 - self.label_offset), parts)
-
-    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json (DFlashConfig.to_export), naming this draft's family."""
-        return self.cfg.to_export(aux_layer_ids, torch_dtype, self.draft_type)
 
 
 # ---------------------------------------------------------------------------------- training contract

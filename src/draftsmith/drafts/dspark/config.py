@@ -132,7 +132,7 @@ class DSparkConfig:
     def target_hidden_size(self) -> int:
         return self.hidden_size  # the draft reads the target's embeddings: its width is the target's
 
-    def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
+    def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32", draft_type: str = "dspark") -> dict:
         """config.json as vLLM's ``Qwen3DSparkModel`` reads it (module docstring); ``aux_layer_ids`` are the
         engine ids (on disk: minus one). The layout flags are written explicitly, never left to a default
         that differs between vLLM and speculators."""
@@ -152,7 +152,7 @@ class DSparkConfig:
             "enable_confidence_head": bool(c.confidence_head),
             "confidence_head_with_markov": bool(c.confidence_with_markov),
             "sample_from_anchor": True, "dspark_bonus_anchor": False, "torch_dtype": torch_dtype,
-            "draftsmith": {"draft_type": "dspark", "num_anchors": c.num_anchors, "loss_decay_gamma": c.loss_decay_gamma,
+            "draftsmith": {"draft_type": draft_type, "num_anchors": c.num_anchors, "loss_decay_gamma": c.loss_decay_gamma,
                            "ce_weight": c.ce_weight, "tv_weight": c.tv_weight, "confidence_weight": c.confidence_weight},
         }
 

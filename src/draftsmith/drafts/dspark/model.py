@@ -152,10 +152,6 @@ class DSparkDraft(BlockDraft):
         z = torch.zeros(1, dtype=torch.float32, device=device)
         return {**super().empty_sums(device), "tv_sum": z, "conf_err_sum": z.clone()}
 
-    def export_config(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json (DSparkConfig.to_export); ``aux_layer_ids`` are the engine ids (on disk: minus one)."""
-        return self.cfg.to_export(aux_layer_ids, torch_dtype)
-
 
 def attach_target(model: DSparkDraft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
