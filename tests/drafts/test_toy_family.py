@@ -1,24 +1,33 @@
-"""A family defined entirely in tests/ (tests/drafts/toy_family: its own folder, config dataclass and
-description, reusing the eagle3 supervision kind) is registered with one line and then trains,
-evaluates exactly and exports with no edit anywhere in src/ (issue 22)."""
+"""A family defined entirely in tests/ (tests/drafts/toy_family: a one-token MLP draft with its own
+supervision kind, layout, export, proposer and serving answer) is registered from its folder and then
+trains on the hf engine and on the feature cache, resumes bitwise, evaluates exactly, and is refused by
+serve and export in one line: with no edit anywhere in src/ for it."""
 
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import toy_family
+import toy_family.supervision
+from draftsmith.cli import main
 from draftsmith.config import ConfigError, build_config
 from draftsmith.drafts import FAMILIES, family_of_config, get_family, register, unregister
+from draftsmith.targets.contract import SUPERVISION, register_supervision, unregister_supervision
 from fixtures import make_tiny_llama, make_tokenizer, write_chats
 
 pytestmark = pytest.mark.usefixtures("restore_threads")  # tests/conftest.py: train.num_threads 1 is undone
+AUX, STEPS, SAVE = [1, 3, 4], 8, 3
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def toy():
-    register(toy_family.FAMILY)  # the one line a new family needs
+    register(toy_family.FAMILY)  # the family ...
+    register_supervision(toy_family.supervision.KIND)  # ... and its supervision kind, for the engines
     yield get_family("toy")
-    unregister("toy")  # the registry of every other test holds the five families of draftsmith
+    unregister("toy")  # the registry of every other test holds draftsmith's own families
+    unregister_supervision("toy_next")
 
 
 @pytest.fixture(scope="module")
@@ -31,48 +40,85 @@ def tiny(tmp_path_factory):
     return target, write_chats(root / "chats.jsonl", n=10), prompts
 
 
-def test_a_toy_family_trains_evaluates_exactly_and_exports(toy, tiny, tmp_path):
-    from draftsmith.eval.offline import run_eval
-    from draftsmith.serve.export import export_vllm
+def run_config(tiny, out, **train):
+    target, data, _ = tiny
+    return build_config({
+        "target": {"path": str(target), "aux_layer_ids": AUX},
+        "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2},
+        "draft": {"type": "toy", "toy_width": 16},
+        "train": {"epochs": 2, "batch_size": 2, "lr": 3e-3, "num_threads": 1, **train},
+        "output": {"dir": str(out), "tensorboard": False},
+    })
+
+
+@pytest.fixture(scope="module")
+def whole(toy, tiny, tmp_path_factory):
     from draftsmith.train.loop import train
 
-    target, data, prompts = tiny
-    cfg = build_config({
-        "target": {"path": str(target), "aux_layer_ids": [1, 3, 4]},
-        "data": {"sources": [str(data)], "max_length": 48, "eval_size": 2, "draft_vocab_size": 96},
-        "draft": {"type": "toy", "ttt_steps": 2, "toy_weight": 0.7},
-        "train": {"max_steps": 2, "batch_size": 2, "lr": 3e-3, "num_threads": 1, "spec_eval_every": 2,
-                  "spec_eval_prompts": 2},
-        "output": {"dir": str(tmp_path / "run"), "tensorboard": False},
-    })
-    assert type(cfg.draft) is toy_family.ToyDraftConfig  # draft.type picked the toy's own dataclass
-    res = train(cfg, progress=False)
-    assert res.step == 2 and res.eval["real_tau"] >= 1.0  # the trainer's real-tau hook drove the toy's proposer
+    return train(run_config(tiny, tmp_path_factory.mktemp("whole"), save_every=SAVE, spec_eval_every=SAVE,
+                            spec_eval_prompts=2), progress=False)
 
-    cons = res.checkpoint / "model" / "consolidated"
+
+def test_a_toy_family_trains_on_its_own_supervision_and_exports_its_own_layout(toy, whole):
+    assert type(build_config({"draft": {"type": "toy"}}).draft) is toy_family.ToyDraftConfig
+    assert whole.step == STEPS and whole.history[-1][1] < whole.history[0][1]
+    assert whole.eval["real_tau"] >= 1.0  # the trainer's real-tau hook drove the toy's own proposer
+    cons = whole.checkpoint / "model" / "consolidated"
     config = json.loads((cons / "config.json").read_text())
-    assert config["architectures"] == ["ToyEagleDraftModel"] and family_of_config(config) == "toy"
-    assert config["draftsmith"] == {"draft_type": "toy", "ttt_steps": 2, "step_weight": 0.7}
-    assert json.loads((res.checkpoint / "meta.json").read_text())["draft_type"] == "toy"
+    assert config["architectures"] == ["ToyMLPDraftModel"] and family_of_config(config) == "toy"
+    assert config["toy_layer_ids"] == AUX and config["draftsmith"] == {"draft_type": "toy"}
+    assert sorted(load_file(str(cons / "model.safetensors"))) == ["fc.weight", "mix.weight", "norm.weight"]
+    assert json.loads((whole.checkpoint / "meta.json").read_text())["draft_type"] == "toy"
 
-    report = run_eval(target=None, draft=str(res.output_dir), prompts=str(prompts), max_new_tokens=12,
-                      progress=False)  # exact offline decoding: the target from meta.json
+
+def test_resume_is_bitwise_and_the_feature_cache_trains_the_same_draft(toy, whole, tiny, tmp_path):
+    from draftsmith.cache.build import build_cache
+    from draftsmith.train.loop import train
+
+    final = load_file(str(whole.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    resumed = train(run_config(tiny, tmp_path / "resumed"), resume=whole.checkpoint.parent / f"epoch_0_step_{SAVE}",
+                    progress=False)
+    again = load_file(str(resumed.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    assert resumed.step == STEPS and all(torch.equal(final[k], again[k]) for k in final)
+
+    build_cache(run_config(tiny, tmp_path / "unused"), tmp_path / "cache", shard_rows=32, progress=False,
+                log=lambda s: None)
+    cached = run_config(tiny, tmp_path / "cached")
+    cached.target.engine, cached.target.cache_dir = "cache", str(tmp_path / "cache")
+    res = train(cached, progress=False)
+    got = load_file(str(res.checkpoint / "model" / "consolidated" / "model.safetensors"))
+    assert res.step == STEPS and all(torch.allclose(final[k], got[k], atol=1e-5) for k in final)
+
+
+def test_eval_is_exact_and_serving_is_refused_through_its_own_hook(toy, whole, tiny, tmp_path, capsys):
+    from draftsmith.eval.offline import run_eval
+
+    target, _, prompts = tiny
+    report = run_eval(target=None, draft=str(whole.output_dir), prompts=str(prompts), max_new_tokens=12,
+                      progress=False)
     assert report["lossless"] == {"checked": 2, "mismatches": []}
-    assert report["config"]["k"] == 3 and report["overall"]["tau"] >= 1.0  # the chain proposer's default K
-
-    vllm = export_vllm(res.checkpoint, tmp_path / "vllm")  # serve asks the family: vLLM loads it as EAGLE-3
-    served = json.loads((vllm / "config.json").read_text())
-    assert served["architectures"] == [toy.vllm_arch] == ["LlamaForCausalLMEagle3"]
+    assert report["config"]["k"] == 1 and report["overall"]["tau"] >= 1.0
+    capsys.readouterr()
+    for argv in (["serve", "vllm", "--target", str(target), "--draft", str(whole.checkpoint), "--print-only"],
+                 ["export", str(whole.checkpoint), str(tmp_path / "out"), "--to", "vllm"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "toy MLP draft: no engine has a model for it" in err and "draftsmith eval --draft" in err
+        assert len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
 def test_toy_keys_are_refused_by_name_under_another_family(toy):
     with pytest.raises(ConfigError) as err:
-        build_config({"draft": {"type": "eagle3", "toy_weight": 0.5}})
-    assert err.value.problems == ["draft.toy_weight belongs to toy; draft.type is eagle3: remove the key, or set "
+        build_config({"draft": {"type": "eagle3", "toy_width": 8}})
+    assert err.value.problems == ["draft.toy_width belongs to toy; draft.type is eagle3: remove the key, or set "
                                   "draft.type to the family it belongs to"]
-    with pytest.raises(ConfigError, match=r"'draft.toy_weight' = 2.0: expected \(0, 1\]"):
-        build_config({"draft": {"type": "toy", "toy_weight": 2.0}})
+    with pytest.raises(ConfigError, match=r"'draft.toy_width' = 0: expected an integer >= 1"):
+        build_config({"draft": {"type": "toy", "toy_width": 0}})
 
 
-def test_the_toy_is_gone_after_unregister():
-    assert "toy" not in FAMILIES and "toy_weight" not in str(build_config({}).draft)
+def test_unregister_removes_the_toy_and_its_supervision_kind(toy):
+    unregister("toy")
+    unregister_supervision("toy_next")
+    assert "toy" not in FAMILIES and "toy_next" not in SUPERVISION
+    assert "toy_width" not in str(build_config({}).draft)

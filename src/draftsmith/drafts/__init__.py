@@ -26,7 +26,8 @@ when its module is imported:
     ``Model(config)`` is an ``nn.Module`` whose ``state_dict()`` is the checkpoint, with
     ``supervised(sup) -> output`` (``output.loss`` carries grad; ``output.sums`` is a dict of
     detached tensors that add up across micro-batches), ``export_config(layer_ids, torch_dtype) -> dict``
-    and ``cfg`` (its Config).
+    and ``cfg`` (its Config, with ``vocab_size`` and ``target_hidden_size``: the target's vocab and width,
+    which the exact evaluator checks against the target it opens).
 ``Proposer``
     ``Proposer(model)``: its offline proposer (drafts/proposer.py protocol), which the exact evaluator
     (eval/offline.py) and the trainer's real-tau hook drive; ``kind``, ``max_k`` (None = any),

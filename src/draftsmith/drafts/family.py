@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional
 
-LAYOUTS = ("eagle", "block")
+LAYOUTS = ("eagle", "block")  # the on-disk layouts of draftsmith's own families; a family may bring its own
 
 
 @dataclass
@@ -196,8 +196,9 @@ class Family:
     article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
 
     def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"Family {self.name!r}: layout={self.layout!r}; expected one of {LAYOUTS}")
+        if not (isinstance(self.layout, str) and self.layout.isidentifier()):
+            raise ValueError(f"Family {self.name!r}: layout={self.layout!r}; expected a name: one of {LAYOUTS} or "
+                             "the family's own (its export, weight names and serving answers are its own)")
         if not (isinstance(self.config, type) and issubclass(self.config, DraftConfig)):
             raise ValueError(f"Family {self.name!r}: config={self.config!r} must be a DraftConfig subclass")
         if self.vllm_method and self.vllm_writer is None:

@@ -383,6 +383,23 @@ SUPERVISION: dict[str, SupervisionKind] = {
 }
 
 
+def register_supervision(kind: SupervisionKind, *, replace: bool = False) -> SupervisionKind:
+    """Add a supervision kind for a family that brings its own (tests/drafts/toy_family: its folder
+    registers it); every engine then builds it (hf, vllm, sglang, cache, remote: the remote wire carries
+    its fields by name). A second kind of the same name is a TargetError unless ``replace``."""
+    if not isinstance(kind, SupervisionKind):
+        raise TargetError(f"register_supervision({kind!r}): expected a draftsmith.targets.contract.SupervisionKind")
+    if kind.name in SUPERVISION and not replace:
+        raise TargetError(f"supervision kind {kind.name!r} is already registered; pick another name or pass replace=True")
+    SUPERVISION[kind.name] = kind
+    return kind
+
+
+def unregister_supervision(name: str) -> None:
+    """Remove supervision kind ``name`` (a test that registered its own undoes it)."""
+    SUPERVISION.pop(name, None)
+
+
 def supervision_kind(name: str) -> SupervisionKind:
     """The :class:`SupervisionKind` called ``name``; an unknown name is a one-line :class:`TargetError`."""
     kind = SUPERVISION.get(name) if isinstance(name, str) else None

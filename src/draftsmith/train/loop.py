@@ -31,7 +31,7 @@ from draftsmith.drafts import get_family
 from draftsmith.inputs import (aux_layer_ids, aux_order_note, check_target_rope, engine_options, resolve_template_kwargs,
                                split_rows)
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import supervision_kind, supervision_to
+from draftsmith.targets.contract import supervision_kind, supervision_tensors, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import packing, parallel
 from draftsmith.train.malloc import fix_malloc
@@ -249,7 +249,8 @@ class Trainer:
             sup = packing.pack(sup, batch.attention_mask.sum(1).tolist(), self.cfg.data.max_length)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.model(sup, generators)  # draft.supervised, through DDP / FSDP2 when wrapped
-        return out, int(batch.attention_mask.sum()), sup.input_ids.numel()
+        # the draft's (rows x length) positions: every kind's tensors lead with (B, S), whatever it names them
+        return out, int(batch.attention_mask.sum()), next(iter(supervision_tensors(sup).values())).shape[:2].numel()
 
     def row_generators(self, rows: list[int], epoch: Optional[int] = None) -> list[torch.Generator]:
         """One generator per conversation, seeded by (train.seed, epoch, conversation); ``epoch``

@@ -1,11 +1,20 @@
-"""A toy draft family defined entirely in tests/, to prove that a family needs no edit in src/.
+"""A toy draft family defined entirely in tests/, to prove that a family is one folder and nothing in src/.
 
-It is an EAGLE-3 chain draft under another name with one knob of its own (``toy_weight``, the TTT
-step weight), learning from the existing ``eagle3`` supervision kind. Its config.json carries its own
-architecture (``ToyEagleDraftModel``), which is how the registry recognises an export of it; vLLM
-serves it as EAGLE-3 (``vllm_arch``). Register it with one line:
+It is its own kind of draft, not a renamed one: a one-token MLP draft that reads the target's aux states
+at position t and the embedding of token t+1 and predicts token t+2 through the target's lm_head
+(borrowed). It brings everything the rest of draftsmith asks of a family:
 
-    register(toy_family.FAMILY)
+- its own supervision kind, ``toy_next`` (``supervision.py``: dataclass + builder), registered from here
+  into the engines' registry (``draftsmith.targets.contract.register_supervision``), so every engine
+  (hf, cache, remote) computes it;
+- its own layout (``toy``) and export: config.json with architecture ``ToyMLPDraftModel`` and its layer
+  ids under ``toy_layer_ids``, tensors ``fc.weight``, ``mix.weight``, ``norm.weight``;
+- its own serving answer: no engine serves it, so ``serve``/``export`` refuse it through
+  ``serve_refusal`` in one line, and ``draftsmith eval`` decodes it exactly (its proposer, K = 1).
+
+Register it with two lines (the family, and its supervision kind for the engines):
+
+    register(toy_family.FAMILY); register_supervision(toy_family.supervision.KIND)
 
 This file is its description (torch-free); ``api.py`` is its code.
 """
@@ -14,31 +23,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsmith.drafts.eagle3 import serving as eagle3_serving
-from draftsmith.drafts.eagle3.config import EagleDraftConfig
-from draftsmith.drafts.family import Family
+from draftsmith.drafts.family import DraftConfig, positive
 
-ARCH = "ToyEagleDraftModel"
+ARCH = "ToyMLPDraftModel"
 
 
 @dataclass
-class ToyDraftConfig(EagleDraftConfig):
-    """``draft`` section of ``type: toy``: EAGLE-3's layer knobs plus its own step weight."""
+class ToyDraftConfig(DraftConfig):
+    """``draft`` section of ``type: toy``: the MLP's width."""
 
     type: str = "toy"
-    toy_weight: float = 0.5  # TTT step k weighs toy_weight**k
+    toy_width: int = 32  # the MLP's hidden width over the concatenated aux states
 
     def problems(self) -> list[str]:
-        bad = [] if 0 < self.toy_weight <= 1 else [f"'draft.toy_weight' = {self.toy_weight}: expected (0, 1]"]
-        return super().problems() + bad
+        return super().problems() + positive(self, "toy_width")
 
 
-FAMILY = Family(
-    name="toy", display="Toy (chain)", api="toy_family.api", config=ToyDraftConfig, supervision="eagle3",
-    recognises=lambda config: (config.get("architectures") or [None])[0] == ARCH,
-    vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", speculators_type="eagle3",
-    # served as an EAGLE-3 chain: it composes EAGLE-3's engine writers
-    vllm_writer=eagle3_serving.vllm_config, speculators_writer=eagle3_serving.speculators_fields,
-    serve_k_missing="Toy drafts need --num-speculative-tokens K",
-    required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "draft_vocab_size"),
-)
+def _family():
+    from draftsmith.drafts.family import Family
+
+    return Family(
+        name="toy", display="Toy (MLP)", api="toy_family.api", config=ToyDraftConfig, supervision="toy_next",
+        recognises=lambda config: (config.get("architectures") or [None])[0] == ARCH, layout="toy",
+        first_layer_id=0, layer_ids_key="toy_layer_ids", borrows_lm_head=True,
+        serve_refusal=("draft is a toy MLP draft: no engine has a model for it, so nothing serves it; measure it "
+                       "with `draftsmith eval --draft {source} --prompts mt_bench` (exact offline decoding)"),
+        required_keys=("hidden_size", "vocab_size", "toy_width", "toy_layer_ids"),
+    )
+
+
+FAMILY = _family()
