@@ -38,10 +38,15 @@ def test_chunks_equal_the_whole_tensor(dtype, pruned):
     want_p, want_m = _reference(rebuild_logits(h, w, head_w, 1e-6), ids)
     for elements in (V, 4 * V, 7 * V, 10**9):  # 1, 4 and 7 rows a chunk (18 rows: uneven tail), one chunk
         p, m = draft_vocab_targets(h, head, ids, max_elements=elements)
+        want = want_p
+        if dtype == torch.bfloat16:  # a bf16 target's probs are stored in bf16: the fp32 softmax, rounded
+            assert p.dtype == torch.bfloat16 and torch.equal(p, want_p.to(torch.bfloat16))
+            p, want = p.float(), want_p.to(torch.bfloat16).float()
+        assert p.dtype == torch.float32
         # A GEMM over fewer rows may round differently in the last bit (fp32 logits agree to ~1e-7);
         # the entropy, the sum a soft CE takes over these probs, agrees to 1e-6 relative.
-        torch.testing.assert_close(p, want_p, rtol=1e-5, atol=1e-7)
-        ent, want_ent = -(p * p.clamp_min(1e-30).log()).sum(), -(want_p * want_p.clamp_min(1e-30).log()).sum()
+        torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-7)
+        ent, want_ent = -(p * p.clamp_min(1e-30).log()).sum(), -(want * want.clamp_min(1e-30).log()).sum()
         assert abs(float(ent / want_ent) - 1) < 1e-6
         assert torch.equal(m, want_m)
     assert chunk_rows(V, 7 * V) == 7 and chunk_rows(V, 1) == 1

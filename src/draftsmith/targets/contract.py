@@ -232,7 +232,8 @@ class Eagle3Supervision:
     aux_hidden:    (B, T, n, H) target states at the aux layers, UNSHIFTED (state after token t)
     input_ids:     (B, T) int64, token_{t+1} (zero tail)
     loss_mask:     (B, T) loss mask of token_{t+1} (zero tail)
-    target_probs:  (B, T, Vd) float32, target distribution for token_{t+2} over the draft vocab
+    target_probs:  (B, T, Vd) float32 (bfloat16 for a bf16 target: head.probs_dtype), target distribution
+                   for token_{t+2} over the draft vocab
     position_mask: (B, T) bool, loss_mask and the target's full-vocab argmax lies in the draft vocab
     """
 

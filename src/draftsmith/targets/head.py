@@ -101,15 +101,28 @@ def chunk_rows(vocab_size: int, max_elements: int = LOGITS_CHUNK_ELEMENTS) -> in
     return max(1, int(max_elements) // max(int(vocab_size), 1))
 
 
+def probs_dtype(logits_dtype: torch.dtype) -> torch.dtype:
+    """The dtype target probabilities are stored in: bfloat16 for bf16 logits, else float32 (fp16 would
+    flush probabilities below 6e-8 to zero; bf16 keeps fp32's range). See :func:`draft_vocab_targets`."""
+    return torch.bfloat16 if logits_dtype == torch.bfloat16 else torch.float32
+
+
 def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Tensor], *,
                         max_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[Tensor, Tensor]:
     """The target's distribution over the draft vocab and whether its argmax lies there, by chunks of rows.
 
-    h_last (B, S, H) pre-norm state at layer id L -> probs (B, S, Vd) float32, in_draft (B, S) bool.
+    h_last (B, S, H) pre-norm state at layer id L -> probs (B, S, Vd), in_draft (B, S) bool.
     Per chunk of positions: logits (c, V) = head(h); top = argmax_V; probs = softmax(logits[:, draft_ids]
     .float()); so at most one (c, V) logits tensor lives at a time, c = max_elements // V. Each row's
     result is what the unchunked formula gives for that row; with one chunk the ops are identical.
     ``draft_ids`` None: the full vocab (probs is then (B, S, V): a full-vocab draft needs it whole).
+
+    probs are stored in bfloat16 when the logits are bf16 (a bf16 target), else in float32. The softmax is
+    fp32 either way; the storage rounds each probability by at most 2^-8 of itself, while the bf16 logits
+    it comes from were already rounded by up to 2^-8 of their size (a logit of 10 by 0.04, which moves its
+    probability by ~4%). The (B, S, Vd) tensor is held from the features through backward: 0.49 GiB at
+    4,096 x 32,000 in fp32, half that in bf16 (docs/benchmarks.md,
+    "Memory scaling"). The loss reads rows back with ``.float()``.
     """
     B, S, H = h_last.shape
     flat = h_last.reshape(B * S, H)
@@ -121,7 +134,7 @@ def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Te
         t2d[ids] = True
     width = head.vocab_size if ids is None else int(ids.numel())
     # Written chunk by chunk into one output: a list of chunks joined by cat would hold (N, Vd) twice.
-    p = torch.empty(B * S, width, dtype=torch.float32, device=h_last.device)
+    p = torch.empty(B * S, width, dtype=probs_dtype(h_last.dtype), device=h_last.device)
     m = torch.empty(B * S, dtype=torch.bool, device=h_last.device)
     for r in range(0, B * S, rows):
         logits = head.project(flat[r : r + rows])  # (c, V) in the target's dtype
@@ -131,6 +144,9 @@ def draft_vocab_targets(h_last: Tensor, head: TargetHead, draft_ids: Optional[Te
             logits = logits.index_select(-1, ids)  # (c, Vd)
         else:
             m[r : r + rows] = True
-        torch.softmax(logits.float(), dim=-1, out=p[r : r + rows])
+        if p.dtype == torch.float32:
+            torch.softmax(logits.float(), dim=-1, out=p[r : r + rows])
+        else:  # fp32 softmax of one chunk, stored rounded
+            p[r : r + rows] = torch.softmax(logits.float(), dim=-1)
         del logits
     return p.reshape(B, S, -1), m.reshape(B, S)
