@@ -217,11 +217,12 @@ def fit_batch(plain: dict, runs: Sequence[dict], batch: int = 1) -> tuple[CostMo
             m.draft_s = max(0.0, residual - (overhead or 0.0)) / (f * (1 if m.one_forward else k))
         else:
             m.c0 = 1.0 + residual / t_plain
-            if m.c0 < 0:  # a step shorter than its own verified tokens: the timings moved between the passes
+            if m.c0 < 0:  # a step shorter than a plain step by more than a step: the timings moved between passes
                 notes.append(f"{label} K={k}: its mean step ({mean_step * 1e3:.2f} ms) is shorter than the verified "
                              f"tokens alone would take at the plain pass's speed: the machine's speed changed between "
-                             f"the passes; c0 {m.c0:.2f} floored at 0 (rerun on a quieter machine for a real fit)")
-                m.c0 = 0.0
+                             f"the passes; c0 {m.c0:.2f} taken as 1, no overhead beyond a plain step, the physical "
+                             f"bound (rerun on a quieter machine for a real fit)")
+                m.c0 = 1.0  # a speculative step runs the target at least once: T(K) >= t_plain
             if kind == "ngram":
                 overhead = residual
         methods.append(m)
