@@ -178,16 +178,19 @@ def test_no_library_file_over_500_lines():
 
 
 # Which other draftsmith packages a package may import, lazy imports inside functions included (a lazy
-# import is still a dependency: it only moves when it fails). The layers, bottom up: drafts/ (model math
-# and the family descriptions) imports nothing of draftsmith; targets/ (the engines) reads models/ and
-# its feature cache; remote/ carries targets over the wire; serve/ reads drafts' descriptions and the
+# import is still a dependency: it only moves when it fails). The layers, bottom up: supervision/ (the
+# registry of supervision kinds and layer-id rules, the target head, the layer-id convention) imports
+# nothing of draftsmith; drafts/ (model math, the family descriptions and the kinds each family brings)
+# imports only supervision/; targets/ (the engines) reads supervision/, models/ and its feature cache,
+# never drafts/ (the kinds reach it through the registry); remote/ carries targets over the wire; serve/ reads drafts' descriptions and the
 # targets' facts, never train/ or eval/ (serve must not pull in the trainer).
 LAYERS = {
-    "draftsmith.drafts": set(),
-    "draftsmith.targets": {"draftsmith.cache", "draftsmith.models"},
-    "draftsmith.remote": {"draftsmith.distributed", "draftsmith.targets"},
+    "draftsmith.supervision": set(),
+    "draftsmith.drafts": {"draftsmith.supervision"},
+    "draftsmith.targets": {"draftsmith.cache", "draftsmith.models", "draftsmith.supervision"},
+    "draftsmith.remote": {"draftsmith.distributed", "draftsmith.supervision", "draftsmith.targets"},
     "draftsmith.serve": {"draftsmith.drafts", "draftsmith.hub", "draftsmith.layout", "draftsmith.models",
-                         "draftsmith.targets", "draftsmith.weights"},
+                         "draftsmith.supervision", "draftsmith.targets", "draftsmith.weights"},
     "draftsmith.recipe": {"draftsmith.config"},
 }
 

@@ -10,7 +10,12 @@ Vocabulary used everywhere in this package (and only these words):
 - **K**: speculative tokens per step. **tau**: mean tokens committed per target forward, bonus
   token included (``1 + accepted / drafts``). **draft vocab**: the pruned output vocabulary.
 
-Importing this package imports nothing heavy (no torch, no engines).
+Importing this package imports nothing heavy (no torch, no engines). It registers the built-in draft
+families (their torch-free descriptions, ``draftsmith.drafts``), which declares the supervision kinds
+they bring to :mod:`draftsmith.supervision`: so every process (a trainer, ``serve-target``, a cache
+build) whose engines build supervision knows every kind, while targets/ never imports drafts/.
 """
 
 __version__ = "0.1.0"
+
+import draftsmith.drafts  # noqa: E402,F401  (the families register themselves: see above)

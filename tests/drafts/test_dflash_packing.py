@@ -9,7 +9,7 @@ from torch import nn
 from draftsmith.drafts.dflash import domino, jetspec
 from draftsmith.drafts.block_documents import document_rows, document_spans, place_anchors
 from draftsmith.drafts.dflash.model import DFlashDraft, block_inputs, document_anchors, sample_anchors, visibility
-from draftsmith.targets.contract import DFlashKDSupervision, DFlashSupervision
+from draftsmith.drafts.block_supervision import DFlashKDSupervision, DFlashSupervision
 from draftsmith.train.packing import pack
 from test_dflash import DOMINO, H, MASK, V, make_draft
 

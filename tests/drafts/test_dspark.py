@@ -12,6 +12,8 @@ from draftsmith.drafts import family_of_config, get_family
 from draftsmith.drafts.dspark.config import DSparkConfig, DSparkDraftConfig, config_from_export
 from draftsmith.drafts.dspark.model import DSparkDraft
 from draftsmith.drafts.dspark.serving import doctor_problems, speculators_fields, vllm_config
+from draftsmith.serve.resolve import ServeError
+from draftsmith.serve.vllm import vllm_config as serve_vllm_config
 
 V, H, R, BS, MASK = 40, 32, 6, 3, 1
 
@@ -183,8 +185,9 @@ def test_serving_writers_state_every_flag():
     out = dict(cfg)
     vllm_config(out)
     assert out["sample_from_anchor"] is True and out["dspark_bonus_anchor"] is False and out["use_aux_hidden_state"]
-    with pytest.raises(ValueError, match="--dflash-causal applies to DFlash drafts only"):
-        vllm_config(dict(cfg), causal=True)
+    # DSpark declares no serve flag: serve's vllm_config refuses DFlash's --dflash-causal for it by name
+    with pytest.raises(ServeError, match="--dflash-causal applies to DFlash drafts only; this draft is a DSpark"):
+        serve_vllm_config(dict(cfg), dflash_causal=True)
     top = speculators_fields(out, {}, "dspark")
     assert top["sample_from_anchor"] is True  # speculators defaults it to False: the other layout
     assert top["aux_hidden_state_layer_ids"] == [1, 3] and top["speculators_model_type"] == "dspark"

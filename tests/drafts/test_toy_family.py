@@ -10,11 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 import toy_family
-import toy_family.supervision
 from draftsmith.cli import main
 from draftsmith.config import ConfigError, build_config
 from draftsmith.drafts import FAMILIES, family_of_config, get_family, register, unregister
-from draftsmith.targets.contract import SUPERVISION, register_supervision, unregister_supervision
+from draftsmith.supervision import SUPERVISION, supervision_kind, unregister_supervision
 from fixtures import make_tiny_llama, make_tokenizer, write_chats
 
 pytestmark = pytest.mark.usefixtures("restore_threads")  # tests/conftest.py: train.num_threads 1 is undone
@@ -23,8 +22,7 @@ AUX, STEPS, SAVE = [1, 3, 4], 8, 3
 
 @pytest.fixture(scope="module")
 def toy():
-    register(toy_family.FAMILY)  # the family ...
-    register_supervision(toy_family.supervision.KIND)  # ... and its supervision kind, for the engines
+    register(toy_family.FAMILY)  # one line, as a built-in family: it declares its supervision module too
     yield get_family("toy")
     unregister("toy")  # the registry of every other test holds draftsmith's own families
     unregister_supervision("toy_next")
@@ -115,6 +113,13 @@ def test_toy_keys_are_refused_by_name_under_another_family(toy):
                                   "draft.type to the family it belongs to"]
     with pytest.raises(ConfigError, match=r"'draft.toy_width' = 0: expected an integer >= 1"):
         build_config({"draft": {"type": "toy", "toy_width": 0}})
+
+
+def test_registering_the_family_brings_its_supervision_kind_to_the_engines(toy):
+    # the kind is found by name (what an engine does), built from the toy's own folder
+    kind = supervision_kind("toy_next")
+    assert kind.cls.__module__ == "toy_family.supervision" and kind.tensor_names == (
+        "aux_hidden", "next_ids", "labels", "label_mask")
 
 
 def test_unregister_removes_the_toy_and_its_supervision_kind(toy):

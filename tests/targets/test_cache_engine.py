@@ -15,7 +15,7 @@ from draftsmith.cache.build import build_cache  # noqa: E402
 from draftsmith.cache.store import CacheError  # noqa: E402
 from draftsmith.data.dataset import collate  # noqa: E402
 from draftsmith.targets import open_engine  # noqa: E402
-from draftsmith.targets.contract import SUPERVISION, TargetError, supervision_tensors  # noqa: E402
+from draftsmith.targets.contract import supervision_kind, TargetError, supervision_tensors  # noqa: E402
 from draftsmith.targets.hf import HFEngine  # noqa: E402
 from draftsmith.train.loop import Trainer, train  # noqa: E402
 
@@ -75,9 +75,9 @@ def test_dflash_supervision_equals_the_hf_engine_bitwise(built, tmp_path, kind):
     ref = list(hf.supervision(kind, iter(batches), [1, 2]))
     assert [b for b, _ in got] == batches
     for (_, g), (_, r) in zip(got, ref):
-        assert type(g) is type(r) is SUPERVISION[kind].cls
+        assert type(g) is type(r) is supervision_kind(kind).cls
         gt, rt = supervision_tensors(g), supervision_tensors(r)
-        assert tuple(gt) == tuple(rt) == SUPERVISION[kind].tensor_names
+        assert tuple(gt) == tuple(rt) == supervision_kind(kind).tensor_names
         for f in rt:
             assert gt[f].dtype == rt[f].dtype and torch.equal(gt[f], rt[f]), f
 

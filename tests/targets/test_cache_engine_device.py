@@ -82,7 +82,7 @@ def test_supervision_head_lives_on_the_engine_device(tmp_path):
 
     eng = CacheEngine.__new__(CacheEngine)
     eng.device, eng._head_on_device = torch.device("meta"), None
-    from draftsmith.targets.head import HeadForm
+    from draftsmith.supervision.head import HeadForm
 
     eng._info = type("I", (), {"rms_norm_eps": 1e-6, "head_form": lambda self: HeadForm()})()
     eng.final_norm_weight = lambda: torch.ones(4)

@@ -13,8 +13,8 @@ except ImportError:
     import fixtures
 
 from draftsmith.targets import Batch, Features, supervision_for, target_head
-from draftsmith.targets.contract import (TargetHead, chunk_rows, draft_vocab_targets, eagle3_supervision,
-                                        rebuild_logits)
+from draftsmith.targets.contract import TargetHead, chunk_rows, draft_vocab_targets, rebuild_logits
+from draftsmith.drafts.eagle3.supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 
 

@@ -6,20 +6,9 @@ import pytest
 import torch
 
 from draftsmith.targets import Batch, Features
-from draftsmith.targets.contract import (
-    TargetError,
-    DFlashKDSupervision,
-    DFlashSupervision,
-    default_aux_layer_ids,
-    dflash_ids_to_engine,
-    dflash_kd_supervision,
-    dflash_layer_ids,
-    dflash_supervision,
-    eagle3_supervision,
-    engine_ids_to_dflash,
-    shift_left,
-    validate_layer_ids,
-)
+from draftsmith.targets.contract import TargetError, default_aux_layer_ids, shift_left, validate_layer_ids
+from draftsmith.drafts.block_supervision import DFlashKDSupervision, DFlashSupervision, dflash_ids_to_engine, dflash_kd_supervision, dflash_layer_ids, dflash_supervision, engine_ids_to_dflash
+from draftsmith.drafts.eagle3.supervision import eagle3_supervision
 
 LN = math.log
 
@@ -216,7 +205,7 @@ def test_eagle3_supervision_matches_plain_loop_reference():
                 nxt, lm = int(ids[b, t + 1]), int(loss_mask[b, t + 1])
             else:
                 ref, keep, nxt, lm = torch.zeros(len(draft_ids)), False, 0, 0
-            # bf16 logits: the probs are stored in bf16 (targets/head.py probs_dtype), each rounded by <= 2^-8 of itself
+            # bf16 logits: the probs are stored in bf16 (supervision/head.py probs_dtype), each rounded by <= 2^-8 of itself
             assert sup.target_probs.dtype == torch.bfloat16
             torch.testing.assert_close(sup.target_probs[b, t].float(), ref, atol=1e-6, rtol=2 ** -8)
             assert bool(sup.position_mask[b, t]) == keep
@@ -303,9 +292,9 @@ def test_dflash_supervision_refuses_features_of_another_batch():
     ("dflash_kd", DFlashKDSupervision, True, ("aux_hidden", "input_ids", "loss_mask", "last_hidden")),
 ])
 def test_dflash_kinds_round_trip_through_tensors(kind, cls, logits, names):
-    from draftsmith.targets.contract import SUPERVISION, supervise, supervision_from_tensors, supervision_tensors
+    from draftsmith.targets.contract import supervision_kind, supervise, supervision_from_tensors, supervision_tensors
 
-    k = SUPERVISION[kind]
+    k = supervision_kind(kind)
     assert k.cls is cls and k.logits is logits and k.vocab is False and k.tensor_names == names
     assert k.last is (kind == "dflash_kd")
     batch, feats = _hand_batch()
@@ -326,9 +315,10 @@ def test_dflash_kinds_round_trip_through_tensors(kind, cls, logits, names):
 def test_supervision_table_names_the_wire_tensors():
     from dataclasses import fields
 
-    from draftsmith.targets.contract import SUPERVISION, Eagle3Supervision
+    from draftsmith.targets.contract import supervision_kind
+    from draftsmith.drafts.eagle3.supervision import Eagle3Supervision
 
-    kind = SUPERVISION["eagle3"]
+    kind = supervision_kind("eagle3")
     assert kind.cls is Eagle3Supervision and kind.logits and kind.vocab
     assert kind.tensor_names == tuple(f.name for f in fields(Eagle3Supervision)) == \
         ("aux_hidden", "input_ids", "loss_mask", "target_probs", "position_mask")

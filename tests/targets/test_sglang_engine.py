@@ -12,7 +12,9 @@ import torch
 
 import fixtures
 from draftsmith.targets import Batch
-from draftsmith.targets.contract import TargetError, dflash_ids_to_engine, eagle3_supervision
+from draftsmith.targets.contract import TargetError
+from draftsmith.drafts.block_supervision import dflash_ids_to_engine
+from draftsmith.drafts.eagle3.supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.targets.sglang import SGLangEngine, check_available, sglang_capture_ids
 

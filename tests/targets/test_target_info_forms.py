@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftsmith.targets.head import HeadForm, head_form_of
+from draftsmith.supervision.head import HeadForm, head_form_of
 from draftsmith.targets.hf import draft_mlp_width
 
 

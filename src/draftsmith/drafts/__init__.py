@@ -6,8 +6,9 @@ torch-free), registered here with one :func:`register` line. config.py, train/, 
 ask that object (``get_family(name)``, or :func:`family_of_config` for an exported config.json)
 instead of keeping lists of families; a family added in its own folder (or outside draftsmith,
 tests/drafts/toy_family) needs no edit anywhere else. ``train/`` joins a family to the engines: a
-family names the supervision kind it learns from by string (a key of ``targets.contract.SUPERVISION``)
-and never imports ``targets/``.
+family names the supervision kind it learns from by string and brings the kind's code in its folder
+(``Family.supervision_module``), which registering the family declares to :mod:`draftsmith.supervision`,
+the package below both drafts/ and targets/; drafts/ never imports ``targets/``.
 
 The family contract: a Family's ``api`` module (``eagle3/api.py`` is the reference) declares
 ``CODE = FamilyCode(...)`` (drafts/family.py) with these entries, which the Family reads
@@ -15,7 +16,7 @@ The family contract: a Family's ``api`` module (``eagle3/api.py`` is the referen
 when its module is imported:
 
 ``layer_rule(draft) -> (rule, count)``
-    its default target layer ids: a rule of ``targets.contract.LAYER_ID_RULES`` and how many ids
+    its default target layer ids: a layer-id rule its supervision module registers (``LAYER_RULES``) and how many ids
     (None: the rule's own count); ``target.aux_layer_ids`` overrides it. ``draft``: its DraftConfig.
 ``config_from_target(info, draft, *, draft_vocab_size, num_layer_ids, layer_ids=None) -> Config``
     the model config for a target (``info``: TargetInfo's attributes) and the run's ``draft`` section;
@@ -57,7 +58,9 @@ into the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer
 
 from __future__ import annotations
 
-from .family import DraftConfig, Family, FamilyCode, KRule, WeightRule  # noqa: F401 (the description's parts)
+from draftsmith.supervision import declare_module
+
+from .family import DraftConfig, Family, FamilyCode, KRule, ServeFlag, WeightRule  # noqa: F401 (the description's parts)
 
 # name -> Family, in registration order (the first is draft.type's default)
 FAMILIES: dict[str, Family] = {}
@@ -80,6 +83,8 @@ def register(family: Family, *, replace: bool = False) -> Family:
         raise DraftError(f"draft family {family.name!r} is already registered ({FAMILIES[family.name]!r}); "
                          "pick another name or pass replace=True")
     FAMILIES[family.name] = family
+    if family.supervision_module:  # its kinds and layer rules reach the engines (imported on first use)
+        declare_module(family.supervision_module)
     return family
 
 
@@ -134,6 +139,11 @@ def layer_count_fixup(config: dict, names) -> tuple[int, int] | None:
 def vllm_methods() -> list[str]:
     """Every vLLM speculative method a registered family is served with (own methods, then aliases)."""
     return list(dict.fromkeys(m for f in FAMILIES.values() for m in f.vllm_methods))
+
+
+def serve_flags() -> list[ServeFlag]:
+    """Every ``serve vllm`` / ``export`` flag a registered family declares, once each, in registration order."""
+    return list({f.flag: f for fam in FAMILIES.values() for f in fam.serve_flags}.values())
 
 
 def get_family(name: str) -> Family:

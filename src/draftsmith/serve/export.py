@@ -224,12 +224,12 @@ def prepare_cached(draft: Draft, *, kind: str, key_map: KeyMap, config: dict, op
 
 
 def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, target: Optional[str] = None,
-                 num_speculative_tokens: Optional[int] = None, dflash_causal: bool = False) -> Path:
+                 num_speculative_tokens: Optional[int] = None, **flags: bool) -> Path:
     """``draftsmith export --to vllm|sglang|speculators``: a standalone engine-ready copy at ``dst``.
 
     ``target`` (the target's path or hub id) is required for ``speculators``, which records it (its
     ``verifier`` field) so ``vllm serve <dst>`` needs nothing else; ``num_speculative_tokens`` defaults as in
-    ``serve vllm``.
+    ``serve vllm``; ``flags``: the families' serve flags by dest (``dflash_causal``), for vllm and speculators.
     """
     draft = resolve_draft(src)
     if draft.is_hub:
@@ -240,7 +240,7 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
     if to == "vllm":
         from .vllm import vllm_config
 
-        return build_copy(draft, Path(dst), key_map=vllm_key, config=vllm_config(config, dflash_causal=dflash_causal))
+        return build_copy(draft, Path(dst), key_map=vllm_key, config=vllm_config(config, **flags))
     if to == "sglang":
         from .sglang import sglang_copy_args
 
@@ -251,7 +251,7 @@ def export_draft(src: str | os.PathLike, dst: str | os.PathLike, *, to: str, tar
         if not target:
             raise ServeError("export --to speculators: --target is required (the target path or hub id vLLM "
                              "should load as the target)")
-        cfg = speculators_config(config, target=target, k=num_speculative_tokens, dflash_causal=dflash_causal)
+        cfg = speculators_config(config, target=target, k=num_speculative_tokens, **flags)
         return build_copy(draft, Path(dst), key_map=vllm_key, config=cfg)
     raise ServeError(f"export --to {to!r}: expected one of vllm, sglang, speculators")
 

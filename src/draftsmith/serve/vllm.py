@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from draftsmith.drafts import FAMILIES
+from draftsmith.drafts import FAMILIES, serve_flags
 from draftsmith.drafts.family import mask_token  # noqa: F401 (part of this module's API)
 
 from .export import Prepared, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
@@ -91,15 +91,25 @@ def engine_notes(config: dict) -> list[str]:
     return fam.vllm_notes(config, cpu) if cpu and fam.vllm_notes else []
 
 
-def vllm_config(config: dict, *, dflash_causal: bool = False) -> dict:
+def vllm_config(config: dict, **flags: bool) -> dict:
     """The config vLLM needs for this draft (a new dict; ``config`` is not modified): the family's
-    ``vllm_arch`` and what its ``vllm_writer`` stamps (drafts/<family>/serving.py)."""
+    ``vllm_arch`` and what its ``vllm_writer`` stamps (drafts/<family>/serving.py). ``flags``: the serve
+    flags the families declare (``dflash_causal=True`` is ``--dflash-causal``), by dest; one set for a draft
+    whose family does not declare it is refused in one line."""
     reject_unservable(config)
     fam = family_of(config)
+    own = {f.dest for f in fam.serve_flags}
+    for f in serve_flags():
+        if flags.get(f.dest) and f.dest not in own:
+            raise ServeError(f"{f.flag} applies to {f.scope} drafts only; this draft is {fam.article} {fam.display} "
+                             f"draft (architectures {config.get('architectures')}): drop the flag")
+    unknown = sorted(set(flags) - {f.dest for f in serve_flags()})
+    if unknown:  # a caller's typo, not user input: no family declares it
+        raise TypeError(f"vllm_config: unknown serve flag(s) {unknown}; declared: {[f.dest for f in serve_flags()]}")
     out = json.loads(json.dumps(config))  # deep copy
     out["architectures"] = [fam.vllm_arch]
     try:
-        fam.vllm_writer(out, causal=dflash_causal)
+        fam.vllm_writer(out, **{dest: bool(flags.get(dest, False)) for dest in sorted(own)})
     except ValueError as e:  # the family names the key and the fix
         raise ServeError(str(e)) from None
     return out
@@ -145,7 +155,7 @@ def speculative_config(model: str, config: dict, *, method: Optional[str] = None
     return spec
 
 
-def speculators_config(config: dict, *, target: str, k: Optional[int] = None, dflash_causal: bool = False) -> dict:
+def speculators_config(config: dict, *, target: str, k: Optional[int] = None, **flags: bool) -> dict:
     """A speculators-format config.json, which ``vllm serve <draft dir>`` reads with no other flags.
 
     Format facts (vLLM 0.32 ``transformers_utils/config.py`` ``maybe_override_with_speculators`` and
@@ -156,7 +166,7 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
     ``transformer_layer_config`` dict (the draft's own layer config). The algorithm's fields sit at the
     top level and are the family's own (``Family.speculators_writer``, drafts/<family>/serving.py).
     """
-    layer = vllm_config(config, dflash_causal=dflash_causal)
+    layer = vllm_config(config, **flags)
     fam = family_of(layer)
     for key in ("architectures", "draftsmith", "torch_dtype"):
         layer.pop(key, None)
@@ -172,18 +182,19 @@ def speculators_config(config: dict, *, target: str, k: Optional[int] = None, df
     return top
 
 
-def prepare_vllm(draft: Draft, *, dflash_causal: bool = False, dry_run: bool = False,
-                 export_dir: Optional[Path] = None) -> Prepared:
+def prepare_vllm(draft: Draft, *, dry_run: bool = False, export_dir: Optional[Path] = None,
+                 **flags: bool) -> Prepared:
     """Make ``draft`` loadable by vLLM: a cached stripped copy for ``model.``-prefixed weights or a
     config that must disagree with the source's (:func:`servable_config`: the layer count), else
     config fixups written in place (atomically). With ``dry_run`` nothing is written."""
     if draft.is_hub:
         return Prepared(draft.source, "hub", f"hub id {draft.source}: passed to vLLM untouched")
     config, fixups = servable_config(draft)
-    fixed = vllm_config(config, dflash_causal=dflash_causal)
+    fixed = vllm_config(config, **flags)
     if has_wrapper_prefix(weight_names(draft)) or fixups:  # fixups never touch the source: a copy
         prepared = prepare_cached(draft, kind="vllm", key_map=vllm_key, config=fixed,
-                                  options={"dflash_causal": dflash_causal}, out=export_dir, dry_run=dry_run)
+                                  options={f.dest: bool(flags.get(f.dest, False)) for f in serve_flags()},
+                                  out=export_dir, dry_run=dry_run)
         prepared.fixups = fixups
         return prepared
     if fixed == draft.config:
@@ -252,10 +263,11 @@ class VllmPlan:
 
 
 def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Optional[int] = None,
-              dflash_causal: bool = False, dry_run: bool = False, export_dir: Optional[Path] = None,
+              dry_run: bool = False, export_dir: Optional[Path] = None,
               host: str = "127.0.0.1", port: int = 8000, dtype: Optional[str] = None,
               max_model_len: Optional[int] = None, extra: Sequence[str] = (),
-              chat_template_kwargs: Optional[dict] = None, transformers_backend: bool = False) -> VllmPlan:
+              chat_template_kwargs: Optional[dict] = None, transformers_backend: bool = False,
+              **flags: bool) -> VllmPlan:
     """Resolve-time checks first (so bad input fails before anything is written), then prepare.
 
     ``chat_template_kwargs`` None: the ones the draft's data was rendered with (its checkpoint's
@@ -277,8 +289,8 @@ def plan_vllm(target: str, draft: Draft, *, method: Optional[str] = None, k: Opt
     verdict = require_servable(serve_verdict(target, spec_probe, method=method,
                                              transformers_backend=transformers_backend, extra=extra))
     extra = [*extra, *model_impl_args(transformers_backend, extra)]
-    prepared = prepare_vllm(draft, dflash_causal=dflash_causal, dry_run=dry_run, export_dir=export_dir)
-    cfg = vllm_config(servable_config(draft)[0], dflash_causal=dflash_causal) if not draft.is_hub else {}
+    prepared = prepare_vllm(draft, dry_run=dry_run, export_dir=export_dir, **flags)
+    cfg = vllm_config(servable_config(draft)[0], **flags) if not draft.is_hub else {}
     spec = speculative_config(prepared.path, cfg, method=method, k=k)
     from .limits import context_warnings, k_warnings
 

@@ -40,13 +40,13 @@ class TargetInfo:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     rope_scaling: Optional[dict] = None
-    # the head's form (targets/head.py HeadForm): (w + norm_offset) final norm, logits * multiplier, softcap
+    # the head's form (supervision/head.py HeadForm): (w + norm_offset) final norm, logits * multiplier, softcap
     norm_offset: float = 0.0
     logit_multiplier: float = 1.0
     logit_softcap: Optional[float] = None
 
     def head_form(self) -> "Any":
-        from draftsmith.targets.head import HeadForm
+        from draftsmith.supervision.head import HeadForm
 
         return HeadForm(self.norm_offset, self.logit_multiplier, self.logit_softcap)
 
@@ -155,7 +155,7 @@ def target_head(engine: Any) -> Any:
     """The engine's :class:`~draftsmith.targets.contract.TargetHead`: its own ``target_head()`` when it has
     one (the hf engine: the model's norm and output modules), else its final norm weight, lm_head and
     eps through :func:`~draftsmith.targets.contract.rebuild_logits` (engines that return states only)."""
-    from draftsmith.targets.head import TargetHead
+    from draftsmith.supervision.head import TargetHead
 
     own = getattr(engine, "target_head", None)
     if own is not None:

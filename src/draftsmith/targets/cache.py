@@ -104,7 +104,7 @@ class CacheEngine(RunnerEngine):
 
     def target_head(self):
         """The head over the weights on ``self.device``: supervision builds logits there, in chunks."""
-        from draftsmith.targets.head import TargetHead
+        from draftsmith.supervision.head import TargetHead
 
         norm, head = self._head()
         return TargetHead.from_weights(norm, head, self._info.rms_norm_eps, self._info.head_form())

@@ -71,10 +71,10 @@ def draft_mlp_width(cfg) -> int:
 
 
 def head_fields(cfg) -> dict:
-    """TargetInfo's head-form fields (targets/head.py HeadForm, same names) from the target's config."""
+    """TargetInfo's head-form fields (supervision/head.py HeadForm, same names) from the target's config."""
     from dataclasses import asdict
 
-    from draftsmith.targets.head import head_form_of
+    from draftsmith.supervision.head import head_form_of
 
     return asdict(head_form_of(cfg))
 
@@ -223,7 +223,7 @@ class HFEngine(ColocatedEngine):
         """The model's own head as a :class:`~draftsmith.targets.contract.TargetHead`: its final norm
         module, then its output embedding, the two modules its forward applies to layer id L's state, so
         logits built from the state in chunks are the forward's logits row for row."""
-        from draftsmith.targets.head import TargetHead
+        from draftsmith.supervision.head import TargetHead
 
         model, norm = self.model, self._norm
         out = model.get_output_embeddings()

@@ -1,6 +1,6 @@
 """The toy family's own supervision kind, ``toy_next``: slot t reads the aux states at t and token t+1 and
-learns token t+2. Pure torch over the engines' Batch and Features; every engine builds it through the
-registry (draftsmith.targets.contract.register_supervision)."""
+learns token t+2. Pure torch over the engines' Batch and Features; the family's description names this
+module, so registering the family declares KINDS to draftsmith.supervision and every engine builds it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from draftsmith.targets.contract import SupervisionKind, shift_left
+from draftsmith.supervision import SupervisionKind
+from draftsmith.supervision.tensors import shift_left
 
 
 @dataclass
@@ -30,4 +31,4 @@ def build(batch, features) -> ToySupervision:
                           label_mask=shift_left(batch.loss_mask.to(aux.device), 2))
 
 
-KIND = SupervisionKind("toy_next", ToySupervision, build, logits=False, vocab=False)
+KINDS = (SupervisionKind("toy_next", ToySupervision, build, logits=False, vocab=False),)

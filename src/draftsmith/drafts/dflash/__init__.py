@@ -74,7 +74,8 @@ _BLOCK = dict(
     refuses=dflash2_refusal, doctor_checks=serving.doctor_problems, vllm_notes=serving.vllm_notes,
 )
 _SERVED = dict(vllm_method="dflash", vllm_arch="DFlashDraftModel", speculators_type="dflash",
-               vllm_writer=serving.vllm_config, speculators_writer=serving.speculators_fields)
+               vllm_writer=serving.vllm_config, speculators_writer=serving.speculators_fields,
+               serve_flags=(serving.CAUSAL,))
 
 
 # SGLang's DFLASH algorithm (python/sglang/srt/speculative/dflash_worker.py, models/dflash.py) came with
@@ -88,16 +89,19 @@ SGLANG_JETSPEC = ("jetspec drafts attend causally inside the block, but SGLang's
 
 
 FAMILY = Family(
+    supervision_module="draftsmith.drafts.block_supervision",
     name="dflash", display="DFlash (block)", api="draftsmith.drafts.dflash.api", config=DFlashDraftConfig,
     supervision="dflash", recognises=lambda c: is_block_config(c) and not _domino(c) and not _causal(c),
     sglang_refusal=SGLANG_DFLASH, sglang_algorithm="DFLASH", **_BLOCK, **_SERVED,
 )
 JETSPEC = Family(
+    supervision_module="draftsmith.drafts.block_supervision",
     name="jetspec", display="JetSpec (block)", api="draftsmith.drafts.dflash.jetspec", config=JetSpecDraftConfig,
     supervision="dflash_kd", recognises=lambda c: is_block_config(c) and not _domino(c) and _causal(c),
     sglang_refusal=SGLANG_JETSPEC, **_BLOCK, **_SERVED,
 )
 DOMINO = Family(
+    supervision_module="draftsmith.drafts.block_supervision",
     name="domino", display="Domino (block)", api="draftsmith.drafts.dflash.domino", config=DominoDraftConfig,
     supervision="dflash", recognises=lambda c: is_block_config(c) and _domino(c), **_BLOCK,
     serve_refusal=("draft is a Domino draft (dflash_config.projector_type: domino): its GRU correction head has no "

@@ -11,12 +11,18 @@ speculators' ``dflash`` algorithm reads ``aux_hidden_state_layer_ids`` (engine i
 
 from __future__ import annotations
 
-__all__ = ["vllm_config", "speculators_fields", "vllm_notes", "doctor_problems"]
+from ..family import ServeFlag
+
+__all__ = ["CAUSAL", "vllm_config", "speculators_fields", "vllm_notes", "doctor_problems"]
 
 
-def vllm_config(out: dict, *, causal: bool = False) -> None:
-    """Stamp ``dflash_config.causal`` (``causal``: JetSpec) and keep a top-level ``is_causal`` equal to it."""
-    if causal:
+# serve vllm / export --dflash-causal: a DFlash-layout draft trained causal (JetSpec) whose config.json lacks the flag
+CAUSAL = ServeFlag("--dflash-causal", "dflash_causal", "stamp dflash_config.causal: true (JetSpec)", "DFlash")
+
+
+def vllm_config(out: dict, *, dflash_causal: bool = False) -> None:
+    """Stamp ``dflash_config.causal`` (``dflash_causal``: JetSpec) and keep a top-level ``is_causal`` equal to it."""
+    if dflash_causal:
         out.setdefault("dflash_config", {})["causal"] = True
     if "is_causal" in out or (out.get("dflash_config") or {}).get("causal"):
         out["is_causal"] = bool((out.get("dflash_config") or {}).get("causal", False))

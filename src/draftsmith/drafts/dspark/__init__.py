@@ -28,6 +28,7 @@ def is_dspark_config(config: dict) -> bool:
 
 
 FAMILY = Family(
+    supervision_module="draftsmith.drafts.block_supervision",
     name="dspark", display="DSpark (block)", api="draftsmith.drafts.dspark.api", config=DSparkDraftConfig,
     supervision="dflash_kd", recognises=is_dspark_config, layout="block", first_layer_id=1,
     layer_ids_key="target_layer_ids", layer_id_offset=-1, borrows_lm_head=True, needs_mask_token=True, packing=True,

@@ -19,12 +19,9 @@ __all__ = ["vllm_config", "speculators_fields", "vllm_notes", "doctor_problems"]
 LAYOUT = {"sample_from_anchor": True, "dspark_bonus_anchor": False}  # what the draft is trained for
 
 
-def vllm_config(out: dict, *, causal: bool = False) -> None:
-    """Stamp the layout flags and the aux-state switch; ``causal`` does not apply (the DSpark block is
-    bidirectional, as trained and as vLLM runs it)."""
-    if causal:
-        raise ValueError("--dflash-causal applies to DFlash drafts only; a DSpark block attends bidirectionally "
-                         "(as trained and as vLLM's dspark method runs it): drop the flag")
+def vllm_config(out: dict) -> None:
+    """Stamp the layout flags and the aux-state switch. It declares no serve flag: the DSpark block attends
+    bidirectionally, as trained and as vLLM's dspark method runs it (``--dflash-causal`` is refused)."""
     for key, value in LAYOUT.items():
         out.setdefault(key, value)
     out.setdefault("use_aux_hidden_state", True)

@@ -13,12 +13,9 @@ from __future__ import annotations
 __all__ = ["vllm_config", "speculators_fields"]
 
 
-def vllm_config(out: dict, *, causal: bool = False) -> None:
+def vllm_config(out: dict) -> None:
     """Stamp what vLLM needs onto ``out`` (a deep copy of the draft's config.json, architectures already
-    set). ``causal`` (a block draft's causal stamp) does not apply: ValueError naming the flag."""
-    if causal:
-        raise ValueError("--dflash-causal applies to DFlash drafts only; this draft is an EAGLE-layout draft "
-                         f"(architectures {out.get('architectures')})")
+    set)."""
     out.setdefault("eagle_config", {}).setdefault("use_aux_hidden_state", True)
 
 

@@ -15,10 +15,10 @@ from ..family import mask_token
 __all__ = ["vllm_config", "speculators_fields"]
 
 
-def vllm_config(out: dict, *, causal: bool = False) -> None:
+def vllm_config(out: dict) -> None:
     """EAGLE-3's stamps, then ``pard_token`` from ``mask_token_id`` unless a key vLLM reads holds it;
     ValueError when the config has no mask token at all."""
-    eagle3.vllm_config(out, causal=causal)
+    eagle3.vllm_config(out)
     if any(k in out for k in ("pard_token", "ptd_token_id")) or (out.get("dflash_config") or {}).get("mask_token_id") is not None:
         return
     if out.get("mask_token_id") is None:

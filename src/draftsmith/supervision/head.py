@@ -76,7 +76,7 @@ def rebuild_logits(h_last: Tensor, norm_weight: Tensor, lm_head: Tensor, eps: fl
 # Rows of full-vocab logits built at once: 2**24 elements is 64 MiB in fp32, i.e. 130 positions of a
 # 128k vocabulary. A batch of T positions then never holds a (T, V) tensor; a tiny test target fits in
 # one chunk, where the chunked path runs exactly the unchunked ops.
-LOGITS_CHUNK_ELEMENTS = 1 << 24  # the drafts' budget too (drafts/chunked.py); targets/ never imports drafts/
+LOGITS_CHUNK_ELEMENTS = 1 << 24  # the drafts' budget too (drafts/chunked.py)
 
 
 @dataclass(frozen=True)
