@@ -105,7 +105,7 @@ def test_hf_features_and_rebuilt_logits_are_the_targets_own(runs, name):
     from transformers import AutoModelForCausalLM
 
     from draftsmith.targets import Batch, open_engine
-    from draftsmith.targets.head import HeadForm, head_form_of, rebuild_logits
+    from draftsmith.supervision.head import HeadForm, head_form_of, rebuild_logits
 
     from fixtures import make_tokenizer
 
@@ -313,6 +313,87 @@ def test_dflash_trains_exports_and_decodes_losslessly_on_a_non_llama_target(runs
     problems, _ = diagnose(resolve_draft(str(res.checkpoint)), target=str(run["target"]), engine="vllm", k=block - 1)
     assert problems == [], problems
     off = offline_eval(run["target"], res.checkpoint, run["prompts"], block - 1)
+    assert [r["token_ids"] for r in off["records"]] == [g[:MAX_TOKENS] for g in run["greedy"][:2]]
+    assert off["overall"]["drafts"] > 0
+
+
+@pytest.mark.parametrize("family", ["jetspec", "dspark"])
+@pytest.mark.parametrize("name", ROW_NAMES)
+def test_distilling_block_drafts_learn_the_targets_own_distribution(runs, name, family):
+    """JetSpec and DSpark distil the target's distribution from its layer-L state through their own copy of
+    its head (drafts/block.py teacher_logits): on every row, what they learn from is the target's own
+    logits, Granite's 1/logits_scaling and Gemma 3's (1+w) norm and softcap included."""
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.config import build_config
+    from draftsmith.drafts import get_family
+    from draftsmith.supervision.head import HeadForm
+    from draftsmith.targets import Batch, open_engine
+
+    from fixtures import make_tokenizer
+
+    tok = make_tokenizer("chatml")
+    target = T.build(name, runs.root / "features" / name, tok)
+    ids = _batch(len(tok))
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(ids).logits
+    eng = open_engine("hf", str(target), dtype="float32")
+    try:
+        ones = torch.ones_like(ids)
+        last = eng.features(Batch(ids, ones, ones), [IDS[-1]], logits=False).aux_hidden[:, :, 0]  # (B, S, H) at id L
+        info, norm, head, emb = eng.info(), eng.final_norm_weight(), eng.lm_head_weight(), eng.embeddings()
+    finally:
+        eng.close()
+    fam = get_family(family)
+    draft = build_config({"draft": {"type": family, "mask_token_id": 5, "block_size": 4}}).draft
+    m = fam.Model(fam.config_from_target(info, draft, draft_vocab_size=info.vocab_size, num_layer_ids=2, layer_ids=[2, 4]))
+    # what the trainer hands over (train/loop.py _build_draft): a (1 + w) norm as the plain norm of w + offset
+    fam.attach_target(m, draft, embeddings=emb, head=lambda: (head, norm + info.norm_offset), vocab=None)
+    with torch.no_grad():
+        got = m.teacher_logits(last)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if info.head_form() != HeadForm():  # a plain head would be measurably off here (the check is not vacuous)
+        m.cfg.target_logit_multiplier, m.cfg.target_logit_softcap = 1.0, None
+        with torch.no_grad():
+            assert (m.teacher_logits(last) - want).abs().max() > 1e-2, name
+
+
+DSPARK_ROWS = [r.name for r in MATRIX if "dspark" in r.families]
+
+
+@pytest.mark.parametrize("name", DSPARK_ROWS)
+def test_dspark_trains_exports_and_decodes_losslessly_on_a_non_llama_target(runs, name, tmp_path):
+    """DSpark on the rows whose head is not Llama's (Granite's logit scaling, Gemma 3's softcap): it trains on
+    the target's own answers (its loss falls), exports what vLLM's Qwen3DSparkModel reads, doctor finds no
+    problem and `draftsmith eval` (K = block_size, as vLLM's dspark proposer drafts) is lossless."""
+    from draftsmith.config import build_config
+    from draftsmith.serve.doctor import diagnose
+    from draftsmith.serve.export import export_vllm
+    from draftsmith.serve.resolve import resolve_draft
+    from draftsmith.train.loop import train
+    from vllm_http import offline_eval
+
+    run = runs.get(name)
+    block = 3
+    cfg = build_config({
+        "target": {"path": str(run["target"]), "aux_layer_ids": [2, 4]},
+        "data": {"sources": [str(run["target"].parent / "chats.jsonl")], "max_length": 96, "eval_size": 0},
+        "draft": {"type": "dspark", "mask_token_id": 5, "block_size": block, "num_draft_layers": 2, "num_anchors": 32,
+                  "markov_rank": 16},
+        "train": {"epochs": 8, "batch_size": 2, "lr": 5e-3, "warmup_steps": 2},
+        "output": {"dir": str(tmp_path / "run"), "tensorboard": False},
+    })
+    res = train(cfg, progress=False)
+    losses = [loss for _, loss in res.history]
+    assert losses[-1] < losses[0], losses
+    export = export_vllm(res.checkpoint / "model" / "consolidated", tmp_path / "vllm_draft")
+    exported = json.loads((export / "config.json").read_text())
+    assert exported["architectures"] == ["Qwen3DSparkModel"] and exported["target_layer_ids"] == [1, 3]
+    problems, _ = diagnose(resolve_draft(str(res.checkpoint)), target=str(run["target"]), engine="vllm", k=block,
+                           transformers_backend=name in BACKEND_ROWS)
+    assert problems == [], problems
+    off = offline_eval(run["target"], res.checkpoint, run["prompts"], block)
     assert [r["token_ids"] for r in off["records"]] == [g[:MAX_TOKENS] for g in run["greedy"][:2]]
     assert off["overall"]["drafts"] > 0
 

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.supervision.head import HeadForm, rebuild_logits
+
 from .block_documents import document_rows, place_anchors
 from .chunked import MAX_ELEMENTS
 from .layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates, document_positions
@@ -285,17 +287,16 @@ class BlockDraft(nn.Module):
 
     def teacher_logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """(..., H) target states at layer id L (before its final norm) -> (..., V) logits in h_last's
-        dtype, with the ops of targets/contract.py ``rebuild_logits`` in its order (so fp32 matches the
-        engines' logits bitwise): x = h.float(); y = w * (x * rsqrt(mean(x^2) + eps)).to(h.dtype);
-        y @ lm_head.T. Outside autocast: the engine computed them in its own dtype."""
+        dtype, the engines' own ops (supervision.head.rebuild_logits: fp32 matches their logits bitwise),
+        through the target's logit transforms (cfg.target_logit_multiplier, target_logit_softcap): the
+        distribution the target serves. A (1 + w) norm came folded into the weight. Outside autocast: the
+        engine computed them in its own dtype."""
         if self.teacher_norm is None or self.lm_head is None:
             raise RuntimeError(f"{type(self).__name__} has no target head; call attach_target(...) and "
                                "attach_teacher(final_norm_weight, eps) first")
+        form = HeadForm(0.0, self.cfg.target_logit_multiplier, self.cfg.target_logit_softcap)
         with torch.autocast(h_last.device.type, enabled=False):
-            x = h_last.float()
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.teacher_eps)
-            y = self.teacher_norm.to(h_last.dtype) * x.to(h_last.dtype)
-            return F.linear(y, self.lm_head.to(h_last.dtype))
+            return rebuild_logits(h_last, self.teacher_norm, self.lm_head, self.teacher_eps, form)
 
     def _apply(self, fn, recurse: bool = True):
         # .to(device) moves the borrowed tensors with the draft (dtype casts leave them alone)

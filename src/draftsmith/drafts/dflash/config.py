@@ -86,6 +86,10 @@ class DFlashConfig:
     rope_scaling: Optional[dict] = None
     max_position_embeddings: int = 2048
     extra: dict = field(default_factory=dict)  # family knobs (JetSpec temperature, Domino head); exported as is
+    # the target's logit transforms (TargetInfo: Granite's 1/logits_scaling, Gemma's softcap), which the target's
+    # distribution that JetSpec and DSpark distil goes through; training only (the served draft's logits are plain)
+    target_logit_multiplier: float = 1.0
+    target_logit_softcap: Optional[float] = None
 
     def __post_init__(self):
         def is_int(v):
@@ -165,6 +169,8 @@ def config_kwargs(info: Any, draft: Any) -> dict:
         num_anchors=draft.num_anchors, loss_decay_gamma=draft.loss_decay_gamma, rms_norm_eps=info.rms_norm_eps,
         rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
         max_position_embeddings=info.max_position_embeddings,
+        target_logit_multiplier=float(getattr(info, "logit_multiplier", 1.0)),
+        target_logit_softcap=getattr(info, "logit_softcap", None),
     )
 
 

@@ -98,6 +98,10 @@ class DSparkConfig:
     max_position_embeddings: int = 2048
     causal: bool = False  # the block attends bidirectionally, as vLLM's DSpark backbone does
     extra: dict = field(default_factory=dict)
+    # the target's logit transforms (TargetInfo: Granite's 1/logits_scaling, Gemma's softcap), which the target's
+    # distribution that JetSpec and DSpark distil goes through; training only (the served draft's logits are plain)
+    target_logit_multiplier: float = 1.0
+    target_logit_softcap: Optional[float] = None
 
     def __post_init__(self):
         def is_int(v):
@@ -178,7 +182,9 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
         ce_weight=draft.ce_weight, tv_weight=draft.tv_weight, confidence_weight=draft.confidence_weight,
         rms_norm_eps=info.rms_norm_eps, rope_theta=info.rope_theta,
         rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
-        max_position_embeddings=info.max_position_embeddings)
+        max_position_embeddings=info.max_position_embeddings,
+        target_logit_multiplier=float(getattr(info, "logit_multiplier", 1.0)),
+        target_logit_softcap=getattr(info, "logit_softcap", None))
 
 
 def config_from_export(config: dict) -> DSparkConfig:
