@@ -48,6 +48,30 @@ def test_a_family_module_without_code_fails_by_name_and_unknown_names_are_not_fo
                                         "scalars", "PROGRESS")})
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_brings_its_supervision_kind_and_layer_rule(name):
+    """The kind a family trains on and its default layer-id rule come from the module its description names
+    (a family folder's, or the block families' shared one), found by name as an engine finds it."""
+    from draftsmith.supervision import default_layer_ids, supervision_kind
+
+    fam = get_family(name)
+    kind = supervision_kind(fam.supervision)
+    assert kind.cls.__module__ == fam.supervision_module, (name, kind.cls.__module__)
+    rule, count = fam.layer_rule(fam.config())
+    assert default_layer_ids(rule, 30, count)  # the rule is registered with it
+
+
+def test_a_family_whose_supervision_module_does_not_exist_is_refused_at_registration():
+    import dataclasses
+
+    from draftsmith.drafts import register
+
+    bad = dataclasses.replace(get_family("dflash"), name="typo", supervision_module="draftsmith.drafts.no_such_module")
+    with pytest.raises(DraftError, match="supervision_module 'draftsmith.drafts.no_such_module' is not an importable"):
+        register(bad)
+    assert "typo" not in FAMILIES
+
+
 def test_every_known_family_trains_and_an_unknown_one_is_a_one_line_error():
     assert set(FAMILIES) == {"eagle3", "peagle", "dflash", "jetspec", "domino", "dspark"}
     with pytest.raises(DraftError, match=r"^draft family 'medusa' is unknown; expected one of eagle3, peagle, dflash, "

@@ -58,6 +58,8 @@ into the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer
 
 from __future__ import annotations
 
+import importlib.util
+
 from draftsmith.supervision import declare_module
 
 from .family import DraftConfig, Family, FamilyCode, KRule, ServeFlag, WeightRule  # noqa: F401 (the description's parts)
@@ -82,6 +84,14 @@ def register(family: Family, *, replace: bool = False) -> Family:
     if family.name in FAMILIES and not replace:
         raise DraftError(f"draft family {family.name!r} is already registered ({FAMILIES[family.name]!r}); "
                          "pick another name or pass replace=True")
+    if family.supervision_module:  # found now (no import: it loads torch), so a typo fails here, not mid-run
+        try:
+            found = importlib.util.find_spec(family.supervision_module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            raise DraftError(f"draft family {family.name!r}: supervision_module {family.supervision_module!r} is not "
+                             "an importable module; name the module that defines its KINDS and LAYER_RULES")
     FAMILIES[family.name] = family
     if family.supervision_module:  # its kinds and layer rules reach the engines (imported on first use)
         declare_module(family.supervision_module)

@@ -20,6 +20,7 @@ Importing this package imports nothing heavy (no torch): ``draftsmith.drafts`` i
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Optional
 
@@ -55,8 +56,10 @@ class SupervisionKind:
 # name -> kind; name -> layer-id rule ((num_layers, count) -> engine ids); filled from the families' folders
 SUPERVISION: dict[str, SupervisionKind] = {}
 LAYER_ID_RULES: dict[str, Callable[[int, Optional[int]], list[int]]] = {}
-# modules declared by registered families and not imported yet (each defines KINDS and LAYER_RULES)
+# modules declared by registered families and not imported yet (each defines KINDS and LAYER_RULES); the lock:
+# serve-target's request threads may make the first lookup together, and none may see a half-loaded registry
 _DECLARED: list[str] = []
+_LOADING = threading.Lock()
 
 
 def declare_module(module: str) -> None:
@@ -70,14 +73,15 @@ def declare_module(module: str) -> None:
 def _load_declared() -> None:
     """Import every declared module and register what it brings (once each; a module shared by several
     families, the block families' one, is imported once)."""
-    while _DECLARED:
-        name = _DECLARED.pop(0)
-        module = importlib.import_module(name)
-        for kind in getattr(module, "KINDS", ()):
-            if SUPERVISION.get(kind.name) is not kind:
-                register_supervision(kind)
-        for rule, fn in getattr(module, "LAYER_RULES", {}).items():
-            register_layer_rule(rule, fn, replace=LAYER_ID_RULES.get(rule) is fn)
+    with _LOADING:
+        while _DECLARED:
+            module = importlib.import_module(_DECLARED[0])
+            for kind in getattr(module, "KINDS", ()):
+                if SUPERVISION.get(kind.name) is not kind:
+                    register_supervision(kind)
+            for rule, fn in getattr(module, "LAYER_RULES", {}).items():
+                register_layer_rule(rule, fn, replace=LAYER_ID_RULES.get(rule) is fn)
+            _DECLARED.pop(0)  # only once registered: a failed import is retried (and raises) on the next lookup
 
 
 def register_supervision(kind: SupervisionKind, *, replace: bool = False) -> SupervisionKind:

@@ -50,12 +50,24 @@ def demo_dir() -> Path:
 RECIPE_NORMS = {"fc_norm": True, "norm_output": True, "norm_before_residual": True, "norm_before_fc": True}
 
 
+def demo_dtype() -> str:
+    """The demo's precision: bfloat16 (target and draft autocast) on a GPU or a CPU that runs bf16 natively,
+    float32 on a CPU that would emulate it (~30x slower matmuls: train/precision.py)."""
+    import torch
+
+    from draftsmith.train.precision import cpu_dtype
+
+    return "bfloat16" if torch.cuda.is_available() else cpu_dtype()
+
+
 def demo_config(output: str, sources: list[str], engine: str = "hf", cache_dir: Optional[str] = None,
-                rows: int = DEMO_ROWS) -> dict:
-    """The demo's run config (the shape of examples/smollm2_best.yaml, with a time budget instead of epochs)."""
+                rows: int = DEMO_ROWS, dtype: Optional[str] = None) -> dict:
+    """The demo's run config (the shape of examples/smollm2_best.yaml, with a time budget instead of epochs);
+    ``dtype`` None: :func:`demo_dtype` (the target's dtype; bf16 autocast for the draft when bfloat16)."""
     eval_size = 24 if rows >= 240 else max(1, rows // 10)  # 24 held-out conversations; fewer for tiny runs
+    dtype = dtype or demo_dtype()
     return {
-        "target": {"path": "smollm2", "engine": engine, "dtype": "bfloat16",
+        "target": {"path": "smollm2", "engine": engine, "dtype": dtype,
                    **({"cache_dir": cache_dir} if cache_dir else {})},
         "data": {"sources": sources, "max_length": DEMO_MAX_LENGTH, "eval_size": eval_size, "draft_vocab_size": 8192},
         # bench/recipe_sweep.py's winner at 500 steps on this data: the four EAGLE-3.1 / speculators norms,
@@ -63,7 +75,7 @@ def demo_config(output: str, sources: list[str], engine: str = "hf", cache_dir: 
         # draft.type: the registry's default family (EAGLE-3), whose knobs these are
         "draft": {"type": default_family(), "ttt_steps": 3, **RECIPE_NORMS, "freeze_lm_head": True},
         "train": {"optimizer": "muon", "epochs": 50, "batch_size": 2, "grad_accum": 1, "group_by_length": True, "lr": 2e-3, "warmup_steps": 20,
-                  "min_lr_ratio": 0.1, "max_grad_norm": 0.5, "log_every": 10, "bf16": True},
+                  "min_lr_ratio": 0.1, "max_grad_norm": 0.5, "log_every": 10, "bf16": dtype == "bfloat16"},
         "output": {"dir": output, "tensorboard": True},
     }
 
@@ -79,23 +91,31 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     spent = {}
     t = time.perf_counter()
     engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    regen_dir = demo_dir() / f"regen-sharegpt-{rows}"
+    dtype = demo_dtype()  # regeneration, cache and training in one precision (greedy text depends on it)
+    if dtype != "bfloat16":
+        from draftsmith.train.precision import SLOW_BF16_WHY
+
+        say(f"precision: {dtype} ({SLOW_BF16_WHY})")
+    suffix = "" if dtype == "bfloat16" else f"-{dtype}"  # each precision keeps its own data (bf16's as before)
+    regen_dir = demo_dir() / f"regen-sharegpt-{rows}{suffix}"
     say(f"[1/4] regenerate: SmolLM2 answers {rows} ShareGPT first turns ({engine}, greedy, up to "
         f"{DEMO_MAX_NEW_TOKENS} new tokens; one-time, kept in {regen_dir})")
     materialise_target(progress)
     settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, max_turns=1, max_rows=rows,
                              shard_size=100, max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
     try:
-        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress, log=indented)
-    except RegenMismatch as e:  # the demo owns this dir: data made by another version is redone
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, dtype=dtype, progress=progress,
+                           log=indented)
+    except RegenMismatch as e:  # the demo owns this dir: data made by another version (or precision) is redone
         indented(f"{e}; regenerating it")
         shutil.rmtree(regen_dir)
-        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, progress=progress, log=indented)
+        regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, dtype=dtype, progress=progress,
+                           log=indented)
     spent["regenerate"] = time.perf_counter() - t
     t = time.perf_counter()
-    cache_dir = demo_dir() / f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}"
+    cache_dir = demo_dir() / f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}{suffix}"
     say(f"[2/4] feature cache: one target pass stores the aux hidden states (one-time, kept in {cache_dir})")
-    build_cache(build_config(demo_config("runs/unused", [str(regen_dir)], rows=rows), "demo"), cache_dir,
+    build_cache(build_config(demo_config("runs/unused", [str(regen_dir)], rows=rows, dtype=dtype), "demo"), cache_dir,
                 progress=progress, log=indented)
     spent["cache"] = time.perf_counter() - t
     return regen_dir, cache_dir, spent

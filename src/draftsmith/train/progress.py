@@ -18,6 +18,8 @@ from tqdm import tqdm
 
 from draftsmith import console
 
+from .precision import bf16_note
+
 
 class BudgetProgress:
     """The bar's total and the seconds left, step by step, for a run that stops at ``max_time_s``
@@ -105,6 +107,9 @@ def setup_lines(trainer: Any) -> list[str]:
     else:
         lines.append(f"budget: {steps}{start}")
     lines.append(trainer.par.describe(t.grad_accum, trainer.bf16))
+    note = bf16_note(trainer.device, trainer.bf16)  # bf16 emulated on this CPU: say so before the slow run
+    if note:
+        lines.append(note)
     if trainer.resume_note:
         lines.append(trainer.resume_note)
     return lines
