@@ -11,7 +11,7 @@ import pytest
 import serve_ckpts as sc
 from draftsmith.drafts import get_family
 from draftsmith.serve.cli import main
-from draftsmith.serve.sglang_dflash import sglang_supports
+from draftsmith.serve.sglang_algorithm import sglang_supports
 
 
 def run(capsys, *argv):

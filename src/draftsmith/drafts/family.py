@@ -193,6 +193,9 @@ class Family:
     # SGLang's --speculative-algorithm for a family SGLang serves only in some releases (checked on the
     # installed package); where the installed SGLang lacks it, sglang_refusal says why and which release has it
     sglang_algorithm: Optional[str] = None
+    sglang_release: str = ""  # the SGLang that has sglang_algorithm, for the install hint ("a release after v0.5.10")
+    # (config, K) -> the algorithm's own SGLang flags (DFlash: its block width); torch-free, its serving.py
+    sglang_writer: Optional[Callable[[dict, int], list]] = None
     required_keys: tuple[str, ...] = ()  # config.json keys doctor requires
     # config.json -> problems beyond required_keys, one line each (the block keys vLLM's DFlash loader needs)
     doctor_checks: Optional[Callable[[dict], list]] = None

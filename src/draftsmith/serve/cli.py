@@ -101,23 +101,23 @@ def cmd_serve_sglang(args: argparse.Namespace) -> int:
         if not draft.is_hub:  # weights that contradict config.json are named first (the config is then no guide)
             check_family_weights(draft)
         reject_for_sglang(draft.config, args.draft)  # a draft SGLang cannot serve fails before the install hint
-        block = draft.described.sglang_algorithm is not None
+        fam = draft.described
+        own = fam.sglang_algorithm is not None  # served with an algorithm of its own (DFlash's DFLASH)
         if not args.print_only:
-            from .sglang_dflash import SGLANG_BLOCK_HINT
-
-            require_module("sglang", SGLANG_INSTALL_HINT + (f"; block drafts need {SGLANG_BLOCK_HINT}" if block else ""))
+            require_module("sglang", SGLANG_INSTALL_HINT + (f"; {fam.display} drafts need {fam.sglang_release}"
+                                                            if own and fam.sglang_release else ""))
         target = _target(args.target, args.print_only)
         export_dir = Path(args.export_dir) if args.export_dir else None
-        if block:  # the z-lab DFlash layout, which SGLang's DFLASH loads as vLLM does
-            from .sglang_dflash import sglang_block_argv
+        if own:  # the layout vLLM loads (DFlash's z-lab layout), which SGLang's algorithm loads too
+            from .sglang_algorithm import sglang_algorithm_argv
             from .vllm import prepare_vllm, vllm_config
 
             prepared = prepare_vllm(draft, dry_run=args.print_only, export_dir=export_dir)
             k = args.num_steps if args.num_steps is not None else (
                 args.num_draft_tokens - 1 if args.num_draft_tokens is not None else None)
             served = vllm_config(servable_config(draft)[0])
-            argv = sglang_block_argv(target, prepared.path, served, k=k, host=args.host, port=args.port,
-                                     dtype=args.dtype, context_length=args.context_length, extra=_extra(args))
+            argv = sglang_algorithm_argv(target, prepared.path, served, k=k, host=args.host, port=args.port,
+                                         dtype=args.dtype, context_length=args.context_length, extra=_extra(args))
         else:
             prepared, token_map = prepare_sglang(draft, dry_run=args.print_only, export_dir=export_dir)
             served = draft.config

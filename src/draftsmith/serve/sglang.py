@@ -55,10 +55,10 @@ def reject_for_sglang(config: dict, source: Optional[str] = None) -> None:
     """A family SGLang does not serve (``Family.sglang_refusal``): one-line ServeError pointing to vLLM."""
     reject_unservable(config, source)  # served by no engine: pointing it to vLLM would be wrong
     fam = family_of(config)
-    if fam.sglang_algorithm:  # served by the SGLang releases that have its algorithm (sglang_dflash.py)
-        from .sglang_dflash import reject_block_for_sglang
+    if fam.sglang_algorithm:  # served by the SGLang releases that have its algorithm (sglang_algorithm.py)
+        from .sglang_algorithm import reject_missing_algorithm
 
-        reject_block_for_sglang(config)
+        reject_missing_algorithm(config)
         return
     if fam.sglang_refusal:
         raise ServeError(fam.sglang_refusal)

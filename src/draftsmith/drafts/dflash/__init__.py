@@ -92,7 +92,8 @@ FAMILY = Family(
     supervision_module="draftsmith.drafts.block_supervision",
     name="dflash", display="DFlash (block)", api="draftsmith.drafts.dflash.api", config=DFlashDraftConfig,
     supervision="dflash", recognises=lambda c: is_block_config(c) and not _domino(c) and not _causal(c),
-    sglang_refusal=SGLANG_DFLASH, sglang_algorithm="DFLASH", **_BLOCK, **_SERVED,
+    sglang_refusal=SGLANG_DFLASH, sglang_algorithm="DFLASH", sglang_release=serving.SGLANG_RELEASE,
+    sglang_writer=serving.sglang_args, **_BLOCK, **_SERVED,
 )
 JETSPEC = Family(
     supervision_module="draftsmith.drafts.block_supervision",

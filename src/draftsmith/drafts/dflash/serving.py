@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from ..family import ServeFlag
 
-__all__ = ["CAUSAL", "vllm_config", "speculators_fields", "vllm_notes", "doctor_problems"]
+__all__ = ["CAUSAL", "vllm_config", "speculators_fields", "vllm_notes", "doctor_problems", "sglang_args",
+           "SGLANG_RELEASE"]
+
+# SGLang's DFLASH (python/sglang/srt/speculative/dflash_worker.py, models/dflash.py; sgl-project/sglang PR #22077,
+# merged after v0.5.10 of 2026-04-06): the z-lab layout vLLM loads too; topk is forced to 1
+SGLANG_RELEASE = "an SGLang release after v0.5.10 (PR #22077 added --speculative-algorithm DFLASH), CUDA only"
+
+
+def sglang_args(config: dict, k: int) -> list[str]:
+    """DFLASH's own flags for K drafted tokens: the block width ``--speculative-dflash-block-size`` (the anchor
+    included, so K + 1; it defaults to the draft's block size) and ``--speculative-num-draft-tokens`` equal to it."""
+    return ["--speculative-dflash-block-size", str(k + 1), "--speculative-num-draft-tokens", str(k + 1)]
 
 
 # serve vllm / export --dflash-causal: a DFlash-layout draft trained causal (JetSpec) whose config.json lacks the flag

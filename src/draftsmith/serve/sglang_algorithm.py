@@ -1,15 +1,11 @@
-"""``draftsmith serve sglang`` for block drafts, where the installed SGLang has their algorithm (DFLASH).
+"""``draftsmith serve sglang`` for families SGLang serves with an algorithm of its own that only some releases
+have (``Family.sglang_algorithm``: DFlash's DFLASH), where the installed SGLang has it.
 
-SGLang facts used (sgl-project/sglang; SGLang has no CPU build here, so this path is tested on argv
-and files only):
-
-- DFLASH came with PR #22077 (merged April 2026, after v0.5.10 of 2026-04-06; v0.5.10 and older have
-  none): ``python/sglang/srt/speculative/spec_info.py`` lists ``DFLASH`` among the algorithms,
-  ``models/dflash.py`` is the draft (``DFlashDraftModel``: no embeddings, no lm_head, the target's;
-  ``dflash_config.{target_layer_ids, mask_token_id, block_size}``, the z-lab layout vLLM loads too).
-- CLI: ``--speculative-algorithm DFLASH --speculative-draft-model-path P``; the block width
-  ``--speculative-dflash-block-size`` (= ``--speculative-num-draft-tokens``, the anchor included, so
-  K + 1) defaults to the draft config's block size; topk is forced to 1.
+The family owns what is its own: the algorithm's name, the release that has it (``sglang_release``), the
+refusal when the installed SGLang lacks it (``sglang_refusal``) and the algorithm's flags for K
+(``sglang_writer``, drafts/<family>/serving.py). This module reads whether the installed SGLang lists the
+algorithm and writes the common command line (``--speculative-algorithm A --speculative-draft-model-path P``).
+SGLang has no CPU build here, so this path is tested on argv and files only.
 
 Whether the installed SGLang has the algorithm is read from its source files (no import: SGLang
 pulls CUDA at import); a SGLang that is not installed is not refused here (``--print-only`` needs
@@ -25,9 +21,7 @@ from typing import Optional, Sequence
 
 from .resolve import ServeError, family_of
 
-__all__ = ["sglang_supports", "sglang_block_argv", "SGLANG_BLOCK_HINT"]
-
-SGLANG_BLOCK_HINT = "an SGLang release after v0.5.10 (PR #22077 added --speculative-algorithm DFLASH), CUDA only"
+__all__ = ["sglang_supports", "sglang_algorithm_argv"]
 
 
 def sglang_supports(algorithm: str) -> Optional[bool]:
@@ -46,29 +40,30 @@ def sglang_supports(algorithm: str) -> Optional[bool]:
     return algorithm in info.read_text(errors="replace")
 
 
-def reject_block_for_sglang(config: dict) -> None:
+def reject_missing_algorithm(config: dict) -> None:
     """A family SGLang serves only in some releases, with the installed SGLang lacking it: its refusal."""
     fam = family_of(config)
     if fam.sglang_algorithm and sglang_supports(fam.sglang_algorithm) is False:
         raise ServeError(fam.sglang_refusal)
 
 
-def sglang_block_argv(target: str, draft_path: str, config: dict, *, k: Optional[int] = None,
+def sglang_algorithm_argv(target: str, draft_path: str, config: dict, *, k: Optional[int] = None,
                       host: str = "127.0.0.1", port: int = 30000, dtype: Optional[str] = None,
                       context_length: Optional[int] = None, extra: Sequence[str] = (),
                       python: str = sys.executable) -> list[str]:
-    """The ``python -m sglang.launch_server`` command line for a block draft (its family's
-    ``sglang_algorithm``). ``k`` None: the draft's block_size - 1; at most that (the bound)."""
+    """The ``python -m sglang.launch_server`` command line for a draft its family serves with its own
+    ``sglang_algorithm``, the algorithm's flags from ``sglang_writer``. ``k`` None: the family's serve K
+    (a block draft's block_size - 1); at most its bound."""
     from .vllm import default_k
 
     fam = family_of(config)
     if not fam.sglang_algorithm:
-        raise ServeError(f"{fam.display} drafts have no SGLang block algorithm; serve them with `draftsmith serve vllm`")
-    k = default_k(config, k)  # refuses K past block_size - 1
+        raise ServeError(f"{fam.display} drafts have no SGLang algorithm of their own; serve them with "
+                         "`draftsmith serve vllm`")
+    k = default_k(config, k)  # refuses K past the family's bound (a block draft's block_size - 1)
     argv = [python, "-m", "sglang.launch_server", "--model-path", str(target),
             "--speculative-algorithm", fam.sglang_algorithm, "--speculative-draft-model-path", str(draft_path),
-            "--speculative-dflash-block-size", str(k + 1), "--speculative-num-draft-tokens", str(k + 1),
-            "--host", host, "--port", str(port)]
+            *(fam.sglang_writer(config, k) if fam.sglang_writer else []), "--host", host, "--port", str(port)]
     if dtype:
         argv += ["--dtype", dtype]
     if context_length:
