@@ -30,6 +30,15 @@ def bf16_note(device: torch.device, bf16: bool) -> Optional[str]:
     return f"note: train.bf16 is on, but {SLOW_BF16_WHY}; set train.bf16: false (and target.dtype: float32) for speed"
 
 
+def muon_note(device: torch.device, optimizer: str) -> Optional[str]:
+    """torch.optim.Muon orthogonalises each update in bf16 (its Newton-Schulz iterations cast to bfloat16), so on a
+    CPU without native bf16 every Muon step pays the emulated matmuls: the one line to print then, else None."""
+    if optimizer != "muon" or device.type != "cpu" or cpu_has_native_bf16():
+        return None
+    return (f"note: train.optimizer is muon, whose Newton-Schulz steps run in bf16, and {SLOW_BF16_WHY}; "
+            "set train.optimizer: adamw for speed")
+
+
 def cpu_dtype() -> str:
     """The dtype a CPU job should pick when the choice is ours (the demo): bfloat16 where native, else float32."""
     return "bfloat16" if cpu_has_native_bf16() else "float32"

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from draftsmith import console
 
-from .precision import bf16_note
+from .precision import bf16_note, muon_note
 
 
 class BudgetProgress:
@@ -107,9 +107,9 @@ def setup_lines(trainer: Any) -> list[str]:
     else:
         lines.append(f"budget: {steps}{start}")
     lines.append(trainer.par.describe(t.grad_accum, trainer.bf16))
-    note = bf16_note(trainer.device, trainer.bf16)  # bf16 emulated on this CPU: say so before the slow run
-    if note:
-        lines.append(note)
+    for note in (bf16_note(trainer.device, trainer.bf16), muon_note(trainer.device, t.optimizer)):
+        if note:  # bf16 emulated on this CPU: say so before the slow run
+            lines.append(note)
     if trainer.resume_note:
         lines.append(trainer.resume_note)
     return lines
