@@ -1,7 +1,7 @@
 """Draft families side by side at equal wall time on the demo's feature cache, scored by exact `draftsmith eval`.
 
     .venv/bin/python bench/family_compare.py [--arms eagle3 dflash dspark] [--seconds 600] [--prompts 8]
-        [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--out runs/bench/family_compare.json]
+        [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--threads N] [--out runs/bench/family_compare.json]
 
 The data and cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own answers to 320
 ShareGPT first turns, features at max_length 2048, aux layers [2, 15, 27] and the last pre-norm state;
@@ -71,8 +71,15 @@ def main() -> int:
     ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--eval-dtype", default="float32", help="the target's dtype in the exact eval")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads for training and eval (0: torch's default); pin the process with taskset "
+                         "and give 1 to keep every arm on one core while other work runs on the rest")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "family_compare.json"))
     args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from draftsmith.config import build_config
     from draftsmith.eval.offline import run_eval
