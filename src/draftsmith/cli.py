@@ -80,6 +80,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"held-out: loss {ev['loss']:.4f}  {get_family(cfg.draft.type).describe(ev)}"
               + (f"  draft-vocab coverage {cov:.3f}" if cov is not None else ""))
     print(f"checkpoint: {result.checkpoint}")
+    if result.best is not None:  # train.keep_best / early_stop_patience
+        print(result.best.line())
     return 0
 
 

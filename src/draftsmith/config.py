@@ -99,6 +99,10 @@ class TrainConfig:
     seed: int = 0  # draft init, data order, held-out split and max_rows subsets
     log_every: int = 10  # optimizer steps between tensorboard / W&B scalars
     eval_every: int = 0  # optimizer steps; 0 = only at the end
+    # checkpoints/BEST = the checkpoint of the best held-out simulated tau (draft-vocab misses counted), saved at
+    # each evaluation that beats it; a run dir given to eval/export/serve resolves to it (train/held_out.py)
+    keep_best: bool = False
+    early_stop_patience: int = 0  # stop after this many evaluations in a row without a better held-out tau; 0 = never
     save_every: int = 0  # optimizer steps; 0 = only at the end
     save_every_epoch: bool = False  # a checkpoint at the end of every epoch too (epoch_<E>_step_<S>, LATEST moved)
     eval_max_batches: Optional[int] = None  # held-out batches per evaluation; null = all of them
@@ -289,6 +293,15 @@ def _cross_checks(cfg: RunConfig) -> list[str]:
         p.append(f"'train.spec_eval_every' = {cfg.train.spec_eval_every}, 'train.spec_eval_prompts' = "
                  f"{cfg.train.spec_eval_prompts}: expected >= 0 (0 = off) and >= 1")
     p += cfg.draft.problems()  # the family's own value ranges (drafts/<family>/config.py)
+    t = cfg.train
+    if t.early_stop_patience < 0:
+        p.append(f"'train.early_stop_patience' = {t.early_stop_patience}: expected >= 0 (0 = never stop early)")
+    elif t.early_stop_patience and not t.eval_every:
+        p.append(f"'train.early_stop_patience' = {t.early_stop_patience} counts evaluations, but train.eval_every "
+                 f"is 0 (only the final one); set train.eval_every to a number of optimizer steps, e.g. 200")
+    if (t.keep_best or t.early_stop_patience > 0) and not cfg.data.eval_size and not cfg.data.eval_sources:
+        p.append("'train.keep_best' / 'train.early_stop_patience' compare held-out scores, but data.eval_size is 0 "
+                 "and data.eval_sources is empty; hold out rows (e.g. data.eval_size: 0.02) or turn them off")
     if cfg.train.warmup_fraction is not None and not 0 <= cfg.train.warmup_fraction < 1:
         p.append(f"'train.warmup_fraction' = {cfg.train.warmup_fraction}: expected a fraction in [0, 1) of the "
                  f"optimizer steps, or null for train.warmup_steps")

@@ -9,6 +9,10 @@ meta.json::
         model/consolidated/{config.json, model.safetensors}   # the servable draft (MODEL_SUBDIR)
         vocab.safetensors, optim.pt, rng.pt, meta.json, config.yaml
       LATEST -> epoch_<E>_step_<S>                          # moved only after a complete write
+      BEST -> epoch_<E>_step_<S>                            # train.keep_best: the best held-out tau
+
+A run directory given to eval, export or serve means its BEST checkpoint when there is one (the draft
+the run judged best), else LATEST; ``--resume`` always continues from LATEST.
 
 Nothing here imports torch.
 """
@@ -78,11 +82,19 @@ def training_max_length(path: Path) -> Optional[int]:
 
 def latest_checkpoint(root: Path) -> Optional[Path]:
     """The checkpoint ``LATEST`` points at under ``root``, or None when there is none."""
-    link = Path(root) / "LATEST"
+    return _linked(root, "LATEST")
+
+
+def best_checkpoint(root: Path) -> Optional[Path]:
+    """The checkpoint ``BEST`` points at under ``root`` (train.keep_best), or None when there is none."""
+    return _linked(root, "BEST")
+
+
+def _linked(root: Path, name: str) -> Optional[Path]:
+    link = Path(root) / name
     if not (link.is_symlink() or link.exists()):
         return None
-    target = Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
-    return target
+    return Path(root) / os.readlink(link) if link.is_symlink() else Path(root) / link.read_text().strip()
 
 
 def resolve_resume(path: Path) -> Path:

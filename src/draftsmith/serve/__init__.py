@@ -1,7 +1,7 @@
 """Serving trained drafts: ``draftsmith serve vllm|sglang``, ``export``, ``doctor`` (docs/guides/serving.md).
 
 - ``resolve.py``: find the draft in an ``epoch_*`` dir, ``model/``, ``model/consolidated/``,
-  ``consolidated/``, a HF dir, a run dir (via ``LATEST``) or pass a hub id through.
+  ``consolidated/``, a HF dir, a run dir (via ``BEST``, else ``LATEST``) or pass a hub id through.
 - ``export.py``: engine-ready copies (``model.`` prefix stripped, sharded indexes remapped,
   tokenizer assets copied), cached in ``vllm_export/`` / ``sglang_export/`` until a source weight
   file or the config changes; every write is atomic.

@@ -2,7 +2,7 @@
 
 Accepted: a checkpoint dir (``epoch_<E>_step_<S>``), its ``model/``, ``model/consolidated/``, a
 bare ``consolidated/``, a plain HF model dir, a run dir or ``checkpoints/`` root (followed through
-``LATEST``), or a hub id (``org/name``), which is passed through untouched. The first candidate
+``BEST`` when train.keep_best wrote one, else ``LATEST``), or a hub id (``org/name``), which is passed through untouched. The first candidate
 holding ``config.json`` plus a weight file (``model.safetensors``, a sharded
 ``model.safetensors.index.json``, or ``pytorch_model.bin``) wins.
 
@@ -134,11 +134,12 @@ def _weight_layout(d: Path) -> Optional[tuple[str, list[Path], Optional[dict]]]:
 def candidates(path: Path) -> list[Path]:
     """Directories tried, in order, for a user path."""
     out = [path, path / "consolidated", path / "model" / "consolidated", path / "model"]
-    for root in (path, path / "checkpoints"):  # a run dir or checkpoints/ root: follow LATEST
-        latest = root / "LATEST"
-        if latest.exists():
-            target = latest.resolve()
-            out += [target / "model" / "consolidated", target / "model"]
+    # a run dir or checkpoints/ root: its BEST checkpoint (train.keep_best) before LATEST (layout.py)
+    for root in (path, path / "checkpoints"):
+        for link in ("BEST", "LATEST"):
+            if (root / link).exists():
+                target = (root / link).resolve()
+                out += [target / "model" / "consolidated", target / "model"]
     return out
 
 

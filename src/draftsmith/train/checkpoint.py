@@ -9,6 +9,7 @@ Layout (docs/reference/layouts.md; the paths and their readers are in :mod:`draf
         optim.pt, rng.pt, meta.json                         # optimizer+scheduler, RNG, step/epoch/data position
         config.yaml                                         # the run config snapshot
       LATEST -> epoch_<E>_step_<S>                          # a symlink, moved only after a complete write
+      BEST -> epoch_<E>_step_<S>                            # train.keep_best: the best held-out tau (train/held_out.py)
 
 Every checkpoint is written into a hidden temporary directory and renamed into place with
 ``os.replace`` only when complete, and ``LATEST`` is swapped atomically after that, so a crash
@@ -35,8 +36,8 @@ import torch
 
 # The layout and its readers live below train/ (eval and serve read it too); re-exported here so the
 # checkpoint API (write, read, find) is one import for the trainer and its tests.
-from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, checkpoint_name, latest_checkpoint,  # noqa: F401
-                               resolve_resume)
+from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, best_checkpoint, checkpoint_name,  # noqa: F401
+                               latest_checkpoint, resolve_resume)
 from draftsmith.drafts import family_of_config
 from draftsmith.targets.contract import ENGINE_ORDER_WHY
 from draftsmith.weights import CheckpointError, read_tensors  # noqa: F401  (CheckpointError is re-exported)
@@ -122,12 +123,18 @@ def save_checkpoint(
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    link_tmp = root / f".LATEST.tmp-{os.getpid()}"
+    point(root, "LATEST", name)
+    return final
+
+
+def point(root: Path, link: str, name: str) -> None:
+    """Point the symlink ``root/link`` (LATEST, BEST) at the checkpoint ``name`` atomically: a new link
+    under a temporary name, then ``os.replace`` over the old one, so a reader never finds none."""
+    link_tmp = Path(root) / f".{link}.tmp-{os.getpid()}"
     if link_tmp.is_symlink() or link_tmp.exists():
         link_tmp.unlink()
     os.symlink(name, link_tmp)
-    os.replace(link_tmp, root / "LATEST")
-    return final
+    os.replace(link_tmp, Path(root) / link)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

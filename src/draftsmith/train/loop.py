@@ -34,6 +34,8 @@ from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import supervision_kind, supervision_tensors, supervision_to
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import packing, parallel
+from draftsmith.train import held_out
+from draftsmith.train.held_out import Best, add_sums
 from draftsmith.train.malloc import fix_malloc
 from draftsmith.train.optim import build_optimizer
 from draftsmith.train.progress import TrainBar, setup_lines
@@ -55,6 +57,7 @@ class TrainResult:
     eval: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # (step, loss) per optimizer step
     padding: float = 0.0  # share of the draft's positions that were padding in this run (this rank's)
+    best: Optional[Best] = None  # train.keep_best / early_stop_patience: the best held-out score and its checkpoint
 
 
 def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: list[int]):
@@ -68,11 +71,6 @@ def build_draft(cfg: RunConfig, info: TargetInfo, vocab: VocabMap, layer_ids: li
     except ValueError as e:
         raise ConfigError([f"draft.{e}"]) from None
     return family.Model(config)
-
-
-def add_sums(total: Optional[dict], sums: dict) -> dict:
-    """Element-wise sum of two metric-sum dicts (``total`` None = start from ``sums``)."""
-    return dict(sums) if total is None else {k: total[k] + v for k, v in sums.items()}
 
 
 class Trainer:
@@ -106,6 +104,7 @@ class Trainer:
         self._build_vocab(saved)
         self._build_draft()
         self.resume_note = None
+        self.best = Best.start(cfg.train, saved["meta"] if saved is not None else None)  # train/held_out.py
         if saved is not None:  # the weights, once the data order and the draft's config are checked against this run
             ckpt.check_resumable(saved, self.resumed_from, self.data_order(),
                                  self.draft.export_config(self.aux_ids, "float32"), cfg.train.optimizer)
@@ -302,7 +301,7 @@ class Trainer:
         t, pos = self.cfg.train, self.pos
         start, start_step = time.perf_counter(), self.step
         tokens, history, last_ckpt, eval_metrics = 0, [], None, {}
-        saved_at = None  # the step of the last checkpoint written in this loop
+        saved_at = evaluated_at = None  # the steps of the last checkpoint written and evaluation made in this loop
         bar = TrainBar(self.total_steps, self.step, max_time_s=t.max_time_s, disable=not self.progress, desc="train",
                        unit="step")
         stop = self.step >= self.total_steps
@@ -345,7 +344,10 @@ class Trainer:
                     self.writer.add_scalar("train/padding", packing.Padding.fraction(*self.positions), self.step)
                 # ---------------------------------------------------------- eval, save (periodic)
                 if t.eval_every and self.step % t.eval_every == 0 and not stop:
-                    eval_metrics = self.evaluate()
+                    eval_metrics, evaluated_at = self.evaluate(), self.step
+                    if self.best.update(eval_metrics, self.step) and self.best.keep:
+                        last_ckpt, saved_at = self.save_best(), self.step
+                    stop = self.best.exhausted  # train.early_stop_patience evaluations without a better one
                 if t.save_every and self.step % t.save_every == 0 and not stop:
                     last_ckpt = self.save()
                     saved_at = self.step
@@ -363,14 +365,21 @@ class Trainer:
         bar.close()
         wall = time.perf_counter() - start
         # -------------------------------------------------------------- final eval, save
-        eval_metrics = self.evaluate()
+        improved = False
+        if evaluated_at != self.step:  # not when early stopping has just evaluated this step
+            eval_metrics = self.evaluate()
+            improved = self.best.update(eval_metrics, self.step)
         if t.spec_eval_every:
             eval_metrics.update(self.spec_eval(eval_metrics.get("simulated_tau")))
-        last_ckpt = self.save()
+        if improved and self.best.keep:
+            last_ckpt = self.save_best()
+        elif saved_at != self.step:
+            last_ckpt = self.save()
         if self.writer is not None:
             self.writer.close()
         return TrainResult(self.out, last_ckpt, self.step, pos.epoch, tokens, wall, tokens / max(wall, 1e-9),
-                           eval_metrics, history, packing.Padding.fraction(*self.positions))
+                           eval_metrics, history, packing.Padding.fraction(*self.positions),
+                           self.best if self.best.active else None)
 
     def elapsed(self, start: float) -> float:
         """Seconds since ``start``; under train.max_time_s the largest over ranks, so every rank takes
@@ -412,38 +421,10 @@ class Trainer:
         self.schedule.refit(self.step, reachable_step(self.step, self.total_steps, t.max_time_s, elapsed, done))
 
     # ------------------------------------------------------------------ eval
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out loss (mean over global micro-batches) and the family's summary of its metric sums
-        over the whole split (EAGLE-3: per-step accuracy, simulated tau, positions), all ranks together."""
-        if not self.eval_set:
-            return {}
-        if hasattr(self.draft, "set_progress"):  # a step-dependent loss (Domino): the held-out loss at this step,
-            self.draft.set_progress(self.step, self.total_steps)  # the same whether or not the run was resumed
-        self.model.eval()
-        t = self.cfg.train
-        sums, loss_sum, n = None, 0.0, 0
-        batches = self.par.global_batches(list(range(len(self.eval_set))))[: t.eval_max_batches]
-        shares = [self.par.share(rows) for rows in batches]
-        if not shares:  # train.eval_max_batches: 0
-            return {}
-        micro = [[self.eval_set[i] for i in rows] for rows, _ in shares]
-        for (examples, supervised), (rows, weight) in zip(zip(micro, self.supervise(micro)), shares):
-            # held-out draws (DFlash anchors) keyed by the conversation: the same at every evaluation,
-            # whatever the batch or the number of ranks
-            out, _, _ = self.forward(examples, supervised, self.row_generators(rows, epoch=-1))
-            sums = add_sums(sums, {k: v.float() * weight for k, v in out.sums.items()})
-            loss_sum += self.par.loss(out, weight)[1]
-            n += 1
-        sums, _ = self.par.reduce(sums, 0)
-        metrics = {"loss": loss_sum / max(n, 1), **self.family.summarize(sums)}
-        if self.held_out_coverage is not None:  # the whole split's, next to metrics that count its misses
-            metrics["draft_vocab_coverage"] = self.held_out_coverage
-        if self.writer is not None:
-            self.writer.add_scalar("eval/loss", metrics["loss"], self.step)
-            for name, value in self.family.scalars(metrics).items():
-                self.writer.add_scalar(f"eval/{name}", value, self.step)
-        return metrics
+        """Held-out loss and the family's metric summary over the whole split, all ranks together
+        (train/held_out.py), written to the scalars."""
+        return held_out.evaluate(self)
 
     # ------------------------------------------------------------------ save
     def save(self) -> Path:
@@ -465,6 +446,7 @@ class Trainer:
             "vocab_coverage": self.vocab.coverage,
             "draft_type": self.cfg.draft.type,
             "chat_template_kwargs": self.template_kwargs,  # eval and serve render prompts with these
+            "best": self.best.meta(),  # train.keep_best / early_stop_patience carry on across a resume
         }
         if self.family.checkpoint_meta is not None:  # the family's own facts (DFlash: block size, mask token, ids)
             meta.update(self.family.checkpoint_meta(self.draft))
@@ -479,6 +461,15 @@ class Trainer:
             rng_states=rng_states,
         ))
         return self.ckpt_root / ckpt.checkpoint_name(self.pos.name_epoch, self.step)
+
+
+    def save_best(self) -> Path:
+        """Save this step's checkpoint as the new best (its meta.json says so) and point ``BEST`` at it."""
+        name = ckpt.checkpoint_name(self.pos.name_epoch, self.step)
+        self.best.checkpoint = str(self.ckpt_root / name)
+        path = self.save()
+        self.par.on_main(lambda: ckpt.point(self.ckpt_root, "BEST", name))
+        return path
 
 
 def train(cfg: RunConfig, *, resume: Optional[str | Path] = None, progress: bool = True,
