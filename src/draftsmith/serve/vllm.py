@@ -99,13 +99,14 @@ def vllm_config(config: dict, **flags: bool) -> dict:
     reject_unservable(config)
     fam = family_of(config)
     own = {f.dest for f in fam.serve_flags}
-    for f in serve_flags():
-        if flags.get(f.dest) and f.dest not in own:
+    declared = {f.dest: f for f in serve_flags()}  # every family's, by dest
+    unknown = sorted(set(flags) - set(declared))
+    if unknown:  # a caller's typo, not user input: no family declares it
+        raise TypeError(f"vllm_config: unknown serve flag(s) {unknown}; declared: {sorted(declared)}")
+    for dest, f in declared.items():
+        if flags.get(dest) and dest not in own:
             raise ServeError(f"{f.flag} applies to {f.scope} drafts only; this draft is {fam.article} {fam.display} "
                              f"draft (architectures {config.get('architectures')}): drop the flag")
-    unknown = sorted(set(flags) - {f.dest for f in serve_flags()})
-    if unknown:  # a caller's typo, not user input: no family declares it
-        raise TypeError(f"vllm_config: unknown serve flag(s) {unknown}; declared: {[f.dest for f in serve_flags()]}")
     out = json.loads(json.dumps(config))  # deep copy
     out["architectures"] = [fam.vllm_arch]
     try:
