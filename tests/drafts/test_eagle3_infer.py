@@ -5,7 +5,8 @@ import torch
 
 from draftsmith.drafts.eagle3.config import Eagle3Config
 from draftsmith.drafts.eagle3.model import Eagle3Draft
-from draftsmith.drafts.eagle3.infer import DraftKVCache, extend, next_hidden
+from draftsmith.drafts.eagle3.infer import extend, next_hidden
+from draftsmith.drafts.layers import DraftKVCache
 
 V, VD, H, HT = 50, 20, 32, 24
 

@@ -9,7 +9,8 @@ from transformers import LlamaConfig
 from draftsmith.drafts.eagle3.config import Eagle3Config
 from draftsmith.drafts.eagle3.model import Eagle3Draft
 from draftsmith.drafts.eagle3.export import load_exported
-from draftsmith.drafts.eagle3.infer import DraftKVCache, extend
+from draftsmith.drafts.eagle3.infer import extend
+from draftsmith.drafts.layers import DraftKVCache
 from draftsmith.serve.export import vllm_key
 
 V, VD, H, HT, N = 50, 20, 32, 24, 3

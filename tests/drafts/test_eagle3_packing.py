@@ -4,7 +4,8 @@ step k scores slot t only when slot t + k is in the same document; the blocked a
 import pytest
 import torch
 
-from draftsmith.drafts.eagle3.ttt import attention_mask, document_positions, same_document
+from draftsmith.drafts.eagle3.ttt import attention_mask, same_document
+from draftsmith.drafts.layers import document_positions
 from test_eagle3 import HT, V, VD, make_draft
 
 # one packed row of T = 12: document A in slots 0..4, document B in 5..10, one pad slot

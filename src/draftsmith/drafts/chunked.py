@@ -13,7 +13,9 @@ the same ops in the same order as an unchunked loss, so small models give bitwis
 
 - :func:`chunked_rows`: the loop itself, for any per-row function (Domino's two CEs use it);
 - :func:`chunked_soft_ce`: the loss every full-vocab draft needs: weighted CE against hard labels,
-  or KL to a teacher's distribution at a temperature, plus argmax hits from the same chunks.
+  or KL to a teacher's distribution at a temperature, plus argmax hits from the same chunks;
+- :func:`attention_rows`: the same budget for attention scores, (B * h, rows, keys) per block of query
+  rows (EAGLE-3's TTT steps, P-EAGLE's element attention).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MAX_ELEMENTS", "rows_per_chunk", "chunked_rows", "chunked_soft_ce"]
+__all__ = ["MAX_ELEMENTS", "rows_per_chunk", "attention_rows", "chunked_rows", "chunked_soft_ce"]
 
 # 2**24 fp32 elements = 64 MiB per (c, V) tensor: 128 rows of a 128k vocab. A chunk holds a few such
 # tensors at once (logits, log-softmax, the teacher's), which stays well under a GPU's headroom.
@@ -36,6 +38,11 @@ def rows_per_chunk(width: int, max_elements: int = MAX_ELEMENTS) -> int:
     if max_elements < 1 or width < 1:
         raise ValueError(f"max_elements={max_elements} and width={width} must be >= 1 (elements per chunk, V)")
     return max(1, max_elements // width)
+
+
+def attention_rows(heads: int, keys: int, max_elements: int) -> int:
+    """Query rows per attention block: ``heads`` (B * h) x rows x ``keys`` scores within ``max_elements``."""
+    return max(1, int(max_elements) // max(int(heads) * int(keys), 1))
 
 
 def chunked_rows(fn: Callable[..., Sequence[torch.Tensor]], rows: Sequence[torch.Tensor], width: int,

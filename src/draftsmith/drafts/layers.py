@@ -1,4 +1,4 @@
-"""Building blocks shared by the drafts: RMSNorm, rotary embedding, GQA helper, SwiGLU MLP.
+"""Building blocks shared by the drafts: RMSNorm, rotary embedding, GQA helper, SwiGLU MLP, a KV cache.
 
 Model math only (no I/O). Conventions follow HF Llama, which is also what vLLM serves:
 - RMSNorm normalises in fp32 and casts back before the weight multiply.
@@ -23,8 +23,8 @@ from torch import nn
 from .rope import (attention_scaling, dynamic_theta, rope_problems, rope_type, use_long_factors, with_original_len,
                    yarn_correction_range, yarn_factor)
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "LossParts",
-           "conditional_rates", "document_positions"]
+__all__ = ["RMSNorm", "RotaryEmbedding", "apply_rotary", "rotate_half", "repeat_kv", "SwiGLU", "DraftKVCache",
+           "LossParts", "conditional_rates", "document_positions"]
 
 
 class RMSNorm(nn.Module):
@@ -190,6 +190,35 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class DraftKVCache:
+    """Rotated keys and values of every slot so far: each (B, h_kv, S, d), or None when empty. One per
+    attention layer of an incrementally run draft (EAGLE-3's chain, P-EAGLE's per-layer caches)."""
+
+    keys: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[2])
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` slots (drop drafted slots after verification)."""
+        if length < 0:
+            raise ValueError(f"DraftKVCache.crop: length={length} must be >= 0")
+        if self.keys is not None and length < len(self):
+            self.keys = self.keys[:, :, :length]
+            self.values = self.values[:, :, :length]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, h_kv, T, d) keys/values; return the full (B, h_kv, S+T, d) tensors."""
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=2)
+            self.values = torch.cat([self.values, v], dim=2)
+        return self.keys, self.values
 
 
 @dataclass

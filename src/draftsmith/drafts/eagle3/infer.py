@@ -12,52 +12,22 @@ hidden_norm(h_s))``, and every query attends causally to all slots up to and inc
 This is exactly what training-time test simulates (TTT step k at slot t sees step-0 keys at
 positions <= t plus its own chain's diagonal keys, rotated at t + k), so the chain step j from slot
 t reproduces TTT step j at slot t when fed the same tokens (tests/drafts/test_eagle3_infer.py).
-Rolling back after verification = :meth:`DraftKVCache.crop` to the target slots, then extending
-with the real aux states of the newly accepted positions: :class:`Eagle3Proposer`, the chain
-proposer the exact evaluator (eval/offline.py) and the trainer's real-tau hook drive.
+Rolling back after verification = :meth:`DraftKVCache.crop` (drafts/layers.py) to the target slots,
+then extending with the real aux states of the newly accepted positions: :class:`Eagle3Proposer`, the
+chain proposer the exact evaluator (eval/offline.py) and the trainer's real-tau hook drive.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from ..layers import repeat_kv
+from ..layers import DraftKVCache, repeat_kv
 from ..proposer import DecodeState, Proposal, choose
 from .model import Eagle3Draft, Eagle3Step
 
-__all__ = ["DraftKVCache", "extend", "next_hidden", "Eagle3Proposer"]
-
-
-@dataclass
-class DraftKVCache:
-    """Rotated keys and values of every slot so far: each (B, h_kv, S, d), or None when empty."""
-
-    keys: Optional[torch.Tensor] = None
-    values: Optional[torch.Tensor] = None
-
-    def __len__(self) -> int:
-        return 0 if self.keys is None else int(self.keys.shape[2])
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` slots (drop drafted chain slots after verification)."""
-        if length < 0:
-            raise ValueError(f"DraftKVCache.crop: length={length} must be >= 0")
-        if self.keys is not None and length < len(self):
-            self.keys = self.keys[:, :, :length]
-            self.values = self.values[:, :, :length]
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (B, h_kv, T, d) keys/values; return the full (B, h_kv, S+T, d) tensors."""
-        if self.keys is None:
-            self.keys, self.values = k, v
-        else:
-            self.keys = torch.cat([self.keys, k], dim=2)
-            self.values = torch.cat([self.values, v], dim=2)
-        return self.keys, self.values
+__all__ = ["extend", "next_hidden", "Eagle3Proposer"]
 
 
 def extend(

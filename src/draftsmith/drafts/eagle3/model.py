@@ -26,11 +26,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates
+from ..chunked import attention_rows
+from ..layers import (LossParts, RMSNorm, RotaryEmbedding, RowGenerators, SwiGLU, apply_rotary, conditional_rates,
+                      document_positions)
 from .config import Eagle3Config
-from .ttt import (LOGIT_BLOCK_ELEMENTS, MAX_BLOCK_ELEMENTS, SCORE_BLOCK_ELEMENTS, attention_mask,  # noqa: F401
-                  attention_rows, document_positions, frozen_head, logits_fn, same_document, soft_ce_block,
-                  soft_ce_rows, step_kv, step_rows, ttt_attention, ttt_step_rows)
+from .ttt import (LOGIT_BLOCK_ELEMENTS, SCORE_BLOCK_ELEMENTS, attention_mask, frozen_head, logits_fn, same_document,
+                  soft_ce_block, soft_ce_rows, step_kv, step_rows, ttt_attention, ttt_step_rows)
 
 __all__ = ["Eagle3Draft", "Eagle3Output", "Eagle3Step", "Eagle3Model", "simulated_tau", "shift_left",
            "add_eagle_modules", "attach_target", "summarize", "scalars", "describe", "PROGRESS"]

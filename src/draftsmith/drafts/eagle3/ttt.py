@@ -19,30 +19,25 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..chunked import MAX_ELEMENTS
-from ..layers import apply_rotary, document_positions, repeat_kv  # noqa: F401 (document_positions: this module's name too)
+from ..layers import apply_rotary, repeat_kv
 
-__all__ = ["MAX_BLOCK_ELEMENTS", "SCORE_BLOCK_ELEMENTS", "LOGIT_BLOCK_ELEMENTS", "FrozenHead", "frozen_head", "attention_rows", "attention_mask", "ttt_attention", "soft_ce_block",
-           "soft_ce_rows", "document_positions", "same_document", "logits_fn", "ttt_step_rows", "step_kv", "step_rows"]
+__all__ = ["SCORE_BLOCK_ELEMENTS", "LOGIT_BLOCK_ELEMENTS", "FrozenHead", "frozen_head", "attention_mask",
+           "ttt_attention", "soft_ce_block", "soft_ce_rows", "same_document", "logits_fn", "ttt_step_rows", "step_kv",
+           "step_rows"]
 
-# Elements of one attention-score block ((B, h, rows, T) fp32) and of one block of draft-vocab logits
-# ((rows, Vd) fp32): the drafts' one budget (drafts/chunked.py, 64 MiB). Below it a TTT step runs as one
-# block, exactly as written; above it (long rows, big vocabularies) it runs in blocks of query rows under
-# activation checkpointing, so memory grows linearly in T instead of (T^2 h) for the scores and (T Vd)
-# per step for the logits.
-MAX_BLOCK_ELEMENTS = MAX_ELEMENTS
-# EAGLE-3's own, smaller: a block's transient is several such tensors at once (scores, masked, softmax,
-# low-precision probs and their gradients; logits, log-softmax, gathered probs and theirs), which at
-# 64 MiB each was most of what a 4k-token step held beyond its kept states. Half for the scores (64
-# query rows of a 4k row, 32 heads), a quarter for the logits (131 rows of a 32k draft vocab).
+# Elements of one attention-score block ((B, h, rows, T) fp32, drafts/chunked.py's attention_rows) and of
+# one block of draft-vocab logits ((rows, Vd) fp32). Below them a TTT step runs as one block, exactly as
+# written; above them (long rows, big vocabularies) it runs in blocks of query rows under activation
+# checkpointing, so memory grows linearly in T instead of (T^2 h) for the scores and (T Vd) per step for
+# the logits. Smaller than the drafts' one budget (chunked.MAX_ELEMENTS, 64 MiB, which P-EAGLE uses): a
+# block's transient is several such tensors at once (scores, masked, softmax, low-precision probs and
+# their gradients; logits, log-softmax, gathered probs and theirs), which at 64 MiB each was most of what
+# a 4k-token step held beyond its kept states. Half for the scores (64 query rows of a 4k row, 32 heads),
+# a quarter for the logits (131 rows of a 32k draft vocab).
 SCORE_BLOCK_ELEMENTS = MAX_ELEMENTS // 2
 LOGIT_BLOCK_ELEMENTS = MAX_ELEMENTS // 4
 # Rows of a frozen lm_head cast to the autocast dtype at a time in a blocked CE (:class:`FrozenHead`).
 HEAD_SLICE_ROWS = 4096
-
-
-def attention_rows(heads: int, keys: int, max_elements: int) -> int:
-    """Query rows per attention block: ``heads`` (B * h) x rows x ``keys`` scores within ``max_elements``."""
-    return max(1, int(max_elements) // max(int(heads) * int(keys), 1))
 
 
 def attention_mask(start: int, end: int, device: torch.device, doc: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..eagle3.infer import DraftKVCache
+from ..layers import DraftKVCache
 from ..proposer import DecodeState, Proposal, choose
 
 __all__ = ["PEagleInference", "PEagleProposal", "PEagleProposer"]

@@ -34,11 +34,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..chunked import MAX_ELEMENTS, attention_rows
 from ..eagle3 import model as eagle3
-from ..eagle3.infer import DraftKVCache
 from ..eagle3.model import Eagle3Attention, add_eagle_modules, simulated_tau
-from ..eagle3.ttt import MAX_BLOCK_ELEMENTS, attention_rows, document_positions
-from ..layers import LossParts, RMSNorm, RowGenerators, SwiGLU, row_generator
+from ..layers import DraftKVCache, LossParts, RMSNorm, RowGenerators, SwiGLU, document_positions, row_generator
 from .config import PEagleConfig
 from .infer import PEagleInference, PEagleProposal
 
@@ -158,7 +157,7 @@ class ElementMask:
     """
 
     def __init__(self, anchor: torch.Tensor, depth: torch.Tensor, real: torch.Tensor,
-                 doc: Optional[torch.Tensor] = None, max_elements: int = MAX_BLOCK_ELEMENTS):
+                 doc: Optional[torch.Tensor] = None, max_elements: int = MAX_ELEMENTS):
         self.anchor, self.depth, self.real, self.doc = anchor, depth, real, doc
         self.max_elements = max_elements
         self._whole: Optional[torch.Tensor] = None  # (B, 1, N, N) bool, built once when one block holds all rows
@@ -283,7 +282,7 @@ class PEagleDraft(PEagleInference, nn.Module):
         # recompute each layer in backward instead of keeping its activations (train.activation_checkpointing);
         # the loss and gradients are the same up to rounding
         self.activation_checkpointing = False
-        self.max_score_elements = MAX_BLOCK_ELEMENTS  # attention scores per block of query rows (ElementMask)
+        self.max_score_elements = MAX_ELEMENTS  # attention scores per block of query rows (ElementMask)
 
     # EAGLE-3's head (eagle3/model.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
     set_vocab_map = eagle3.set_vocab_map
