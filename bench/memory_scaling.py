@@ -110,7 +110,7 @@ def one(T: int, V: int, mode: str, intermediate: int, draft_vocab: int, ttt: int
     from draftsmith.drafts import get_family
     from draftsmith.drafts.vocab import build_vocab_maps
     from draftsmith.targets import Batch, supervision_for
-    from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+    from draftsmith.drafts.eagle_supervision import eagle3_supervision
     from draftsmith.targets.hf import HFEngine
     from draftsmith.train.loop import build_draft
     from draftsmith.train.optim import build_optimizer

@@ -30,7 +30,7 @@ def main() -> None:
 
     from draftsmith.config import build_config
     from draftsmith.data.dataset import collate
-    from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+    from draftsmith.drafts.eagle_supervision import eagle3_supervision
     from draftsmith.train.loop import Trainer
 
     out = tempfile.mkdtemp(prefix="draftsmith-bench-")

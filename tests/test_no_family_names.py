@@ -7,7 +7,8 @@ NeMo AutoModel's recipe format, whose own keys name families). What is still pen
 PENDING by file and literal, and the test fails both when a new literal appears and when a pending one
 is gone (it grows only with the matrix, a row tested with one more family): targets/support.py's matrix lists which families a row is tested
 with. (The supervision kinds and layer-id rules, named after the families that introduced them, left
-targets/contract.py for the families' folders: drafts/eagle3/supervision.py, drafts/block_supervision.py.)
+targets/contract.py for drafts/, beside the families that share them: drafts/eagle_supervision.py,
+drafts/block_supervision.py.)
 
 What counts: a family name ("eagle3", "peagle", "dflash", "jetspec", "domino", "dspark") as a whole Python
 string literal (tokenised, so f-strings' literal parts count too). Not counted: comments and

@@ -256,7 +256,7 @@ def test_draft_vocab_miss_counts_in_the_metric_denominator_not_in_the_loss():
 
 
 def test_supervised_reads_the_loss_mask():
-    from draftsmith.drafts.eagle3.supervision import Eagle3Supervision
+    from draftsmith.drafts.eagle_supervision import Eagle3Supervision
 
     d = make_draft(ttt_steps=2)
     aux, ids, probs, mask = make_batch()

@@ -9,7 +9,7 @@ import torch
 from draftsmith.drafts.peagle.model import (ElementMask, attention_mask, cod_sample, document_spans, packed_sample,
                                             pad_elements)
 from draftsmith.targets import Batch, Features
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.train.packing import pack
 from test_peagle import H, HT, MASK, V, VD, make_draft
 

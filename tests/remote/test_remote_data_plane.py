@@ -15,7 +15,7 @@ import torch
 from deadline import HANG_S
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.remote.nccl import Channel, join_store, nccl_usable
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
 from remote_helpers import AUX, ServerProc

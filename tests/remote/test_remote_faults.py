@@ -9,7 +9,7 @@ import torch
 
 from deadline import hang_guard
 from draftsmith.remote.client import RemoteEngine, RemoteError
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.checkpoint import latest_checkpoint, load_checkpoint
 from draftsmith.train.loop import train

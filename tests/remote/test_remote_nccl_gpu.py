@@ -19,7 +19,7 @@ import torch
 from draftsmith.remote import client as client_mod
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.remote.nccl import nccl_usable
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
 from fixtures import make_tiny_llama, make_tokenizer

@@ -8,7 +8,7 @@ import torch
 from draftsmith.remote.client import RemoteEngine
 from draftsmith.targets import Batch, supervision_for
 from draftsmith.targets.contract import supervision_kind, supervision_tensors
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.train.loop import train
 from remote_helpers import AUX

@@ -14,7 +14,7 @@ except ImportError:
 
 from draftsmith.targets import Batch, Features, supervision_for, target_head
 from draftsmith.targets.contract import TargetHead, chunk_rows, draft_vocab_targets, rebuild_logits
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 
 

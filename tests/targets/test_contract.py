@@ -8,7 +8,7 @@ import torch
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import TargetError, default_aux_layer_ids, shift_left, validate_layer_ids
 from draftsmith.drafts.block_supervision import DFlashKDSupervision, DFlashSupervision, dflash_ids_to_engine, dflash_kd_supervision, dflash_layer_ids, dflash_supervision, engine_ids_to_dflash
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 
 LN = math.log
 
@@ -316,7 +316,7 @@ def test_supervision_table_names_the_wire_tensors():
     from dataclasses import fields
 
     from draftsmith.targets.contract import supervision_kind
-    from draftsmith.drafts.eagle3.supervision import Eagle3Supervision
+    from draftsmith.drafts.eagle_supervision import Eagle3Supervision
 
     kind = supervision_kind("eagle3")
     assert kind.cls is Eagle3Supervision and kind.logits and kind.vocab

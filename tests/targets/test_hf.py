@@ -15,7 +15,7 @@ except ImportError:  # until the lead's conftest puts tests/ on sys.path
 from draftsmith.targets import Batch, open_engine
 from draftsmith.targets.contract import TargetError, rebuild_logits, shift_left
 from draftsmith.drafts.block_supervision import dflash_ids_to_engine, dflash_layer_ids
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 
 L = 3  # decoder layers of the tiny target

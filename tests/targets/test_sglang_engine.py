@@ -14,7 +14,7 @@ import fixtures
 from draftsmith.targets import Batch
 from draftsmith.targets.contract import TargetError
 from draftsmith.drafts.block_supervision import dflash_ids_to_engine
-from draftsmith.drafts.eagle3.supervision import eagle3_supervision
+from draftsmith.drafts.eagle_supervision import eagle3_supervision
 from draftsmith.targets.hf import HFEngine
 from draftsmith.targets.sglang import SGLangEngine, check_available, sglang_capture_ids
 

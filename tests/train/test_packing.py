@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from draftsmith.config import build_config
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import supervision_to
-from draftsmith.drafts.eagle3.supervision import Eagle3Supervision, eagle3_supervision
+from draftsmith.drafts.eagle_supervision import Eagle3Supervision, eagle3_supervision
 from draftsmith.train.loop import train
 from draftsmith.train.packing import pack, packed_class, padding, plan_rows
 from fixtures import make_tiny_llama, make_tokenizer, write_jsonl

@@ -2,12 +2,13 @@
 
 This package sits below both. It holds the registry of supervision kinds and layer-id rules, the
 layer-id convention (:mod:`.layers`), the target's head as a function (:mod:`.head`) and small tensor
-helpers (:mod:`.tensors`); it names no family. Each family brings its own kinds from its folder
-(``drafts/eagle3/supervision.py``; the block families share ``drafts/block_supervision.py``): the
-family's description names that module (``Family.supervision_module``) and registering the family
-declares it here. The module is imported on first use, so describing families stays torch-free, and
-every engine (hf, vllm, sglang, cache, remote: the remote wire carries a kind's fields by name) builds
-any kind a registered family brings, without importing drafts/.
+helpers (:mod:`.tensors`); it names no family. Each family brings its own kinds (the EAGLE families
+share ``drafts/eagle_supervision.py``, the block families ``drafts/block_supervision.py``; a family
+alone brings them from its folder): the family's description names that module
+(``Family.supervision_module``) and registering the family declares it here. The module is imported
+on first use, so describing families stays torch-free, and every engine (hf, vllm, sglang, cache,
+remote: the remote wire carries a kind's fields by name) builds any kind a registered family brings,
+without importing drafts/.
 
 A kind is a dataclass whose field names are also the tensor names on the remote wire and in packed
 batches, a builder ``(batch, features[, draft_ids][, last_hidden=, head=]) -> dataclass`` and two flags

@@ -2,7 +2,7 @@
 
 Whatever engine ran the target (hf, vllm, sglang, remote, cache), its
 :class:`~draftsmith.targets.Features` become draft training targets through the supervision kind a
-family names. The kinds themselves live in the families' folders (``drafts/eagle3/supervision.py``,
+family names. The kinds themselves live with the families (``drafts/eagle_supervision.py``,
 ``drafts/block_supervision.py``) and reach the engines through the registry in
 :mod:`draftsmith.supervision`, which sits below both packages: targets/ never imports drafts/ and
 knows no family. This module gathers what the engines call, so they import it from one place.

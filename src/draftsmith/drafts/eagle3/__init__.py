@@ -28,7 +28,7 @@ def recognises(config: dict) -> bool:
 
 
 FAMILY = Family(
-    supervision_module="draftsmith.drafts.eagle3.supervision",
+    supervision_module="draftsmith.drafts.eagle_supervision",
     name="eagle3", display="EAGLE-3 (chain)", article="an", api="draftsmith.drafts.eagle3.api",
     config=Eagle3DraftConfig, supervision="eagle3", recognises=recognises, fallback=True, packing=True,
     eval_archs=EAGLE3_ARCHS, vllm_method="eagle3", vllm_method_aliases=("eagle",),

@@ -23,7 +23,7 @@ def recognises(config: dict) -> bool:
 
 
 FAMILY = Family(
-    supervision_module="draftsmith.drafts.eagle3.supervision",
+    supervision_module="draftsmith.drafts.eagle_supervision",
     name="peagle", display="P-EAGLE (parallel)", api="draftsmith.drafts.peagle.api", config=PEagleDraftConfig,
     supervision="eagle3", recognises=recognises, needs_mask_token=True,
     vllm_method="eagle3", vllm_arch="LlamaForCausalLMEagle3", parallel_drafting=True, speculators_type="peagle",

@@ -1,6 +1,7 @@
-"""EAGLE-3's supervision kind, ``eagle3`` (also P-EAGLE's), and its default layer-id rule (pure torch).
+"""The EAGLE families' supervision kind, ``eagle3`` (EAGLE-3's and P-EAGLE's; the kind keeps the name of the
+family that introduced it, a registry and wire name), and its default layer-id rule (pure torch).
 
-Registered with the engines when the family is (``Family.supervision_module``; draftsmith/supervision).
+Registered with the engines when either family is (``Family.supervision_module``; draftsmith/supervision).
 
 EAGLE-3 shift (one position): draft slot ``t`` reads ``(aux_t, embed(token_{t+1}))`` and learns the
 target's distribution for ``token_{t+2}``, which is the target's logits at position ``t+1``. So aux
