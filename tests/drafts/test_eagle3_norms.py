@@ -135,12 +135,16 @@ def test_freeze_lm_head_keeps_the_target_rows_and_skips_their_gradient():
 
 
 def test_peagle_carries_the_norms_into_its_export_and_mask_slots():
+    from dataclasses import fields
+
+    from draftsmith.drafts.eagle_config import EagleConfig
     from draftsmith.drafts.peagle.config import PEagleConfig
     from draftsmith.drafts.peagle.model import PEagleDraft
 
     torch.manual_seed(0)
-    base = make_draft(**ALL).cfg
-    cfg = PEagleConfig(**vars(base), mask_token_id=5, num_depths=3, num_draft_layers=2)
+    base = make_draft(**ALL).cfg  # the shared EAGLE shape's fields (the TTT unroll is EAGLE-3's own)
+    cfg = PEagleConfig(**{f.name: getattr(base, f.name) for f in fields(EagleConfig)}, mask_token_id=5, num_depths=3,
+                       num_draft_layers=2)
     d = PEagleDraft(cfg)
     exported = d.export_config([1, 3, 5])
     assert exported["norm_before_residual"] is True and exported["eagle_config"]["norm_before_fc"] is True

@@ -31,8 +31,8 @@ def draft_for(model, draft_ids=None, seed=0, num_aux=len(AUX_IDS), **peagle) -> 
     shape = dict(hidden_size=c.hidden_size, target_hidden_size=c.hidden_size,
                  num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
                  head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=v,
-                 draft_vocab_size=len(ids), num_aux=num_aux, ttt_steps=3)
-    d = PEagleDraft(PEagleConfig(**shape, **peagle)) if peagle else Eagle3Draft(Eagle3Config(**shape))
+                 draft_vocab_size=len(ids), num_aux=num_aux)
+    d = PEagleDraft(PEagleConfig(**shape, **peagle)) if peagle else Eagle3Draft(Eagle3Config(**shape, ttt_steps=3))
     if len(ids) < v:
         t2d = torch.zeros(v, dtype=torch.bool)
         t2d[ids] = True

@@ -11,6 +11,7 @@ description, torch-free, which ``drafts/__init__.py`` registers.
 
 from __future__ import annotations
 
+from ..eagle_config import REQUIRED_KEYS
 from ..family import Family, KRule, WeightRule
 from . import serving
 from .config import Eagle3DraftConfig
@@ -37,8 +38,7 @@ FAMILY = Family(
     serve_k_missing="EAGLE-3 drafts need --num-speculative-tokens K (the tokens drafted per step; 3 is a good "
                     "start, at most the ttt_steps it was trained with)",
     trained_depth=KRule(("draftsmith.ttt_steps",), why="the training-time-test unroll it was trained with"),
-    required_keys=("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
-                   "draft_vocab_size", "target_hidden_size"),
+    required_keys=REQUIRED_KEYS,
     weight_rules=(WeightRule("mask_hidden", present=False, problem=(
         "{where} (no parallel_drafting) but its weights hold P-EAGLE's 'mask_hidden'; restore parallel_drafting: "
         "true, mask_token_id and num_depths in config.json, or pass the EAGLE-3 checkpoint you meant")),),

@@ -1,8 +1,9 @@
-"""EAGLE-3 configs: the run's ``draft`` section (:class:`Eagle3DraftConfig`) and the model's shape
-(:class:`Eagle3Config`), both ways between it and an exported config.json. Torch-free.
+"""EAGLE-3 configs: the run's ``draft`` section (:class:`Eagle3DraftConfig`) and the model's
+(:class:`Eagle3Config`: the shared EAGLE shape plus the training-time-test unroll), both ways between
+it and an exported config.json. Torch-free.
 
-The EAGLE-3 knobs that P-EAGLE shares (its layer 0 is this family's fused layer) sit in
-:class:`EagleDraftConfig`, which both families' draft sections extend.
+What EAGLE-3 shares with P-EAGLE (its layer 0, fc and head are this family's) sits in
+drafts/eagle_config.py: the ``draft`` knobs, the shape, the config.json keys both write and read.
 """
 
 from __future__ import annotations
@@ -10,31 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..family import DraftConfig
-from ..rope import draft_rope, rope_of_config
+from ..eagle_config import EagleConfig, EagleDraftConfig, eagle_export, eagle_fields, refuse_other_family
 
-__all__ = ["EagleDraftConfig", "Eagle3DraftConfig", "Eagle3Config", "config_from_target", "config_from_export", "eagle_fields", "layer_rule",
-           "refuse_other_family"]
-
-
-@dataclass
-class EagleDraftConfig(DraftConfig):
-    """``draft`` knobs of the EAGLE-3 layers and head, shared by EAGLE-3 and P-EAGLE."""
-
-    fc_norm: bool = False  # EAGLE-3.1: per-aux RMSNorm before fc
-    norm_output: bool = False  # EAGLE-3.1: feed the post-norm hidden back
-    norm_before_residual: bool = False  # layer-0 residual = hidden_norm(h) (speculators' default; vLLM reads it)
-    norm_before_fc: bool = False  # one RMSNorm (`input_norm`) over the concatenated aux states before fc (vLLM reads it)
-    freeze_lm_head: bool = False  # keep the lm_head at the target's rows (needs init_from_target); saves its weight-grad GEMM
-    freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
-    init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
-
-    def problems(self) -> list[str]:
-        p = super().problems()
-        if self.freeze_lm_head and not self.init_from_target:
-            p.append("'draft.freeze_lm_head' is true but draft.init_from_target is false: a frozen lm_head would stay "
-                     "random; set init_from_target: true (it starts from the target's lm_head rows) or unfreeze it")
-        return p
+__all__ = ["Eagle3DraftConfig", "Eagle3Config", "config_from_target", "config_from_export"]
 
 
 @dataclass
@@ -45,67 +24,18 @@ class Eagle3DraftConfig(EagleDraftConfig):
     step_weight: float = 0.8  # step k weighs step_weight**k (ttt_steps, the unroll depth, is DraftConfig's)
 
 
-def refuse_other_family(config: dict, expected: str) -> None:
-    """A DFlash-family config.json given to an EAGLE loader: one-line DraftError naming the family
-    (its weights would otherwise fail later as missing embed_tokens / lm_head, naming nothing)."""
-    from .. import FAMILIES, DraftError, family_of_config
-
-    family = family_of_config(config)
-    if FAMILIES[family].layout != "eagle":
-        arch = (config.get("architectures") or ["?"])[0]
-        raise DraftError(f"config.json describes a {family} block draft ({arch}, dflash_config), not {expected} "
-                         f"draft; load it with draftsmith.drafts.get_family({family!r}).load_exported")
-
-
-__all__ = ["Eagle3Config", "Eagle3Draft", "Eagle3Output", "Eagle3Step", "simulated_tau", "shift_left"]
-
-
-
 @dataclass
-class Eagle3Config:
-    """Shape and training knobs of an EAGLE-3 draft; `fc_norm`/`norm_output` are the EAGLE-3.1 flags,
-    `norm_before_residual`/`norm_before_fc` the two further norms speculators trains with (both read by
-    vLLM 0.32's llama_eagle3.py: the layer-0 residual is hidden_norm(h); one RMSNorm `input_norm` over
-    the concatenated aux states before fc_norm/fc). All four balance the raw target states that
-    `init_from_target` passes straight into every step's residual."""
+class Eagle3Config(EagleConfig):
+    """The EAGLE shape (drafts/eagle_config.py) plus the training-time-test (TTT) unroll: ``ttt_steps``
+    steps, step k's loss weighted by ``step_weight**k``."""
 
-    hidden_size: int
-    target_hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int  # target vocab = embedding rows
-    draft_vocab_size: int
-    num_aux: int = 3
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    fc_norm: bool = False
-    norm_output: bool = False
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
     ttt_steps: int = 7
     step_weight: float = 0.8
 
     def __post_init__(self):
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}; pick a divisor for GQA"
-            )
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}"
-            )
-        if self.num_aux < 1 or self.ttt_steps < 1:
-            raise ValueError(f"num_aux={self.num_aux} and ttt_steps={self.ttt_steps} must both be >= 1")
-
-    @property
-    def pruned(self) -> bool:
-        """True when the draft vocab is a strict subset of the target vocab (d2t/t2d exist)."""
-        return self.draft_vocab_size < self.vocab_size
+        super().__post_init__()
+        if self.ttt_steps < 1:
+            raise ValueError(f"ttt_steps={self.ttt_steps} must be >= 1 (the training-time-test unroll's steps)")
 
     @classmethod
     def from_export(cls, config: dict) -> "Eagle3Config":
@@ -118,100 +48,15 @@ class Eagle3Config:
         if config.get("parallel_drafting"):
             raise ValueError("config.json has parallel_drafting=true (a P-EAGLE draft), expected an EAGLE-3 "
                              "config; load it with draftsmith.drafts.peagle.config.PEagleConfig.from_export")
-        return cls(**cls.export_fields(config))
-
-    @staticmethod
-    def export_fields(config: dict) -> dict:
-        """The EAGLE-3 constructor fields an exported config.json dict holds (shared with P-EAGLE)."""
-        eagle = config.get("eagle_config") or {}
-        layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-        num_aux = config.get("num_aux_hidden_states") or (len(layer_ids) if layer_ids else 3)
-        rope_theta, rope_scaling = rope_of_config(config)  # either transformers style, as vLLM reads it
         extra = config.get("draftsmith") or {}
-        hidden, heads = config["hidden_size"], config["num_attention_heads"]
-        return dict(
-            hidden_size=hidden,
-            target_hidden_size=config.get("target_hidden_size") or hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            intermediate_size=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            draft_vocab_size=config.get("draft_vocab_size") or config["vocab_size"],
-            num_aux=num_aux,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)),
-            # where vLLM 0.32 reads them: norm_before_residual top level, norm_before_fc in
-            # eagle_config first, then top level
-            norm_before_residual=bool(config.get("norm_before_residual", False)),
-            norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
-            ttt_steps=extra.get("ttt_steps", Eagle3Config.ttt_steps),
-            step_weight=extra.get("step_weight", Eagle3Config.step_weight),
-        )
+        return cls(**EagleConfig.export_fields(config), ttt_steps=extra.get("ttt_steps", cls.ttt_steps),
+                   step_weight=extra.get("step_weight", cls.step_weight))
 
     def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
         """config.json for vLLM's LlamaForCausalLMEagle3 / NeMo AutoModel (inverse of :meth:`from_export`;
-        the weights are the draft's ``state_dict()``). P-EAGLE's extends it."""
-        cfg = self
-        if len(aux_layer_ids) != cfg.num_aux:
-            raise ValueError(f"aux_layer_ids {list(aux_layer_ids)} has {len(aux_layer_ids)} ids but the draft's "
-                             f"fc expects num_aux={cfg.num_aux}")
-        out = {
-            "architectures": ["LlamaEagle3DraftModel"],
-            "model_type": "llama",
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "num_attention_heads": cfg.num_attention_heads,
-            "num_key_value_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim,
-            "num_hidden_layers": 1,
-            "hidden_act": "silu",
-            "rms_norm_eps": cfg.rms_norm_eps,
-            "rope_theta": cfg.rope_theta,
-            "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "vocab_size": cfg.vocab_size,
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "tie_word_embeddings": False,
-            "eagle_config": {
-                "eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_layer_ids],
-                "use_aux_hidden_state": True,
-            },
-            "fc_norm": cfg.fc_norm,
-            "norm_output": cfg.norm_output,
-            "torch_dtype": torch_dtype,
-            "draftsmith": {"draft_type": "eagle3", "ttt_steps": cfg.ttt_steps, "step_weight": cfg.step_weight},
-        }
-        # written only when on, where vLLM 0.32 reads them (a draft without them exports as before)
-        if cfg.norm_before_residual:
-            out["norm_before_residual"] = True
-        if cfg.norm_before_fc:
-            out["eagle_config"]["norm_before_fc"] = True
-        return out
-
-
-def layer_rule(draft: Any) -> tuple[str, Optional[int]]:
-    """vLLM's default EAGLE-3 aux layers (3 ids)."""
-    return "eagle3", None
-
-
-def eagle_fields(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int) -> dict:
-    """The :class:`Eagle3Config` fields both EAGLE families take from the target (``info``: TargetInfo,
-    one target decoder layer's shape) and from the shared knobs of ``draft`` (an EagleDraftConfig)."""
-    return dict(
-        hidden_size=info.hidden_size, target_hidden_size=info.hidden_size,
-        num_attention_heads=info.num_attention_heads, num_key_value_heads=info.num_key_value_heads,
-        head_dim=info.head_dim, intermediate_size=draft.mlp_width(info), vocab_size=info.vocab_size,
-        draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
-        rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
-        max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
-        norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc,
-    )
+        the weights are the draft's ``state_dict()``): one decoder layer, the unroll in ``draftsmith``."""
+        return eagle_export(self, aux_layer_ids, torch_dtype, num_hidden_layers=1, draftsmith={
+            "draft_type": "eagle3", "ttt_steps": self.ttt_steps, "step_weight": self.step_weight})
 
 
 def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,

@@ -8,7 +8,8 @@ from typing import Optional
 
 import torch
 
-from .config import Eagle3Config, refuse_other_family
+from ..eagle_config import refuse_other_family
+from .config import Eagle3Config
 from .model import Eagle3Draft
 
 __all__ = ["layer_ids_from_export", "load_exported", "state_key"]

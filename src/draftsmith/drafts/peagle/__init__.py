@@ -7,7 +7,7 @@ draft composed of EAGLE-3's modules), ``infer.py`` (one-forward proposals and th
 
 from __future__ import annotations
 
-from ..eagle3 import FAMILY as EAGLE3
+from ..eagle_config import REQUIRED_KEYS, claimed_by_block_family
 from ..family import Family, KRule, WeightRule
 from . import serving
 from .config import PEagleDraftConfig
@@ -16,10 +16,8 @@ __all__ = ["FAMILY"]
 
 
 def recognises(config: dict) -> bool:
-    """An EAGLE-layout config.json (not a DFlash-family one) with ``parallel_drafting``."""
-    from ..dflash import is_block_config
-
-    return bool(config.get("parallel_drafting")) and not is_block_config(config)
+    """An EAGLE-layout config.json (one no block family recognises) with ``parallel_drafting``."""
+    return bool(config.get("parallel_drafting")) and not claimed_by_block_family(config)
 
 
 FAMILY = Family(
@@ -33,7 +31,7 @@ FAMILY = Family(
     serve_k_missing="P-EAGLE draft has no num_depths in config.json; pass --num-speculative-tokens",
     sglang_refusal="P-EAGLE drafts (parallel_drafting: true) are not supported by SGLang; serve them with "
                    "`draftsmith serve vllm` (vLLM's parallel drafting)",
-    required_keys=EAGLE3.required_keys,  # the same EAGLE-layout config.json (it composes EAGLE-3's layers)
+    required_keys=REQUIRED_KEYS,  # the EAGLE-layout config.json (drafts/eagle_config.py)
     weight_rules=(WeightRule("mask_hidden", present=True, problem=(
         "{where} (parallel_drafting: true) but 'mask_hidden' is missing from its weights, so they are not a "
         "P-EAGLE draft (vLLM's parallel drafting needs it); remove parallel_drafting from config.json, or pass "

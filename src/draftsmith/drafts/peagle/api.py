@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..eagle_config import layer_rule
 from ..family import FamilyCode
-from .config import config_from_export, config_from_target, layer_rule  # noqa: F401
+from .config import config_from_export, config_from_target  # noqa: F401
 from .export import layer_ids_from_export, load_exported  # noqa: F401
 from .infer import PEagleProposer as Proposer  # noqa: F401
 from .model import PROGRESS, PEagleDraft as Model, attach_target, describe, summarize  # noqa: F401

@@ -1,6 +1,8 @@
 """P-EAGLE configs: the run's ``draft`` section (:class:`PEagleDraftConfig`) and the model's
-(:class:`PEagleConfig`: EAGLE-3's shape plus the parallel-drafting knobs), both ways between it and an
-exported config.json. Torch-free.
+(:class:`PEagleConfig`: the shared EAGLE shape plus the parallel-drafting knobs), both ways between it
+and an exported config.json. Torch-free.
+
+What P-EAGLE shares with EAGLE-3 (its layer 0, fc and head are EAGLE-3's) sits in drafts/eagle_config.py.
 """
 
 from __future__ import annotations
@@ -8,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..eagle3.config import Eagle3Config, EagleDraftConfig, eagle_fields, layer_rule, refuse_other_family  # noqa: F401
+from ..eagle_config import EagleConfig, EagleDraftConfig, eagle_export, eagle_fields, refuse_other_family
 from ..family import positive
 
-__all__ = ["PEagleDraftConfig", "PEagleConfig", "config_from_target", "config_from_export", "layer_rule"]
+__all__ = ["PEagleDraftConfig", "PEagleConfig", "config_from_target", "config_from_export"]
 
 MASK_HINT = "e.g. 16 <empty_output> for SmolLM2, 128002 for Llama-3"
 
@@ -40,8 +42,8 @@ class PEagleDraftConfig(EagleDraftConfig):
 
 
 @dataclass
-class PEagleConfig(Eagle3Config):
-    """EAGLE-3 fields plus the parallel-drafting knobs (`ttt_steps`/`step_weight` are unused here)."""
+class PEagleConfig(EagleConfig):
+    """The EAGLE shape (drafts/eagle_config.py) plus the parallel-drafting knobs."""
 
     mask_token_id: int | None = None  # required: a reserved/unused target id, its embedding is the mask token
     num_depths: int = 8  # K tokens per forward; must equal vLLM's num_speculative_tokens
@@ -73,32 +75,32 @@ class PEagleConfig(Eagle3Config):
             raise ValueError(f"config.json has parallel_drafting={config.get('parallel_drafting')!r}, expected true "
                              "for a P-EAGLE draft; load an EAGLE-3 config with Eagle3Config.from_export")
         mask = config.get("mask_token_id", config.get("pard_token"))
-        return cls(**Eagle3Config.export_fields(config), mask_token_id=mask,
+        return cls(**EagleConfig.export_fields(config), mask_token_id=mask,
                    num_depths=config.get("num_depths", cls.num_depths),
                    num_draft_layers=config.get("num_hidden_layers", cls.num_draft_layers),
                    down_sample_ratio=config.get("down_sample_ratio", cls.down_sample_ratio),
                    down_sample_ratio_min=config.get("down_sample_ratio_min", cls.down_sample_ratio_min))
 
     def to_export(self, aux_layer_ids: list[int], torch_dtype: str = "float32") -> dict:
-        """config.json: EAGLE-3's plus the parallel-drafting keys (docs/guides/families.md)."""
-        out = super().to_export(aux_layer_ids, torch_dtype)
+        """config.json: the EAGLE layout with ``num_draft_layers`` decoder layers, then the parallel-drafting
+        keys (docs/guides/families.md)."""
+        out = eagle_export(self, aux_layer_ids, torch_dtype, num_hidden_layers=self.num_draft_layers,
+                           draftsmith={"draft_type": "peagle"})
         out.update(
-            num_hidden_layers=self.num_draft_layers,
             parallel_drafting=True,
             mask_token_id=self.mask_token_id,
             num_depths=self.num_depths,
             down_sample_ratio=self.down_sample_ratio,
             down_sample_ratio_min=self.down_sample_ratio_min,
-            draftsmith={"draft_type": "peagle"},
         )
         return out
 
 
 def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids: int,
                        layer_ids: Optional[list[int]] = None) -> PEagleConfig:
-    """EAGLE-3's shape for this target plus the run's parallel-drafting knobs (``draft``: PEagleDraftConfig)."""
+    """The EAGLE shape for this target plus the run's parallel-drafting knobs (``draft``: PEagleDraftConfig)."""
     base = eagle_fields(info, draft, draft_vocab_size=draft_vocab_size, num_layer_ids=num_layer_ids)
-    return PEagleConfig(**base, ttt_steps=draft.ttt_steps, mask_token_id=draft.mask_token_id, num_depths=draft.num_depths,
+    return PEagleConfig(**base, mask_token_id=draft.mask_token_id, num_depths=draft.num_depths,
                         num_draft_layers=draft.num_draft_layers, down_sample_ratio=draft.down_sample_ratio,
                         down_sample_ratio_min=draft.down_sample_ratio_min)
 
