@@ -8,7 +8,8 @@ from transformers import LlamaConfig
 
 from draftsmith.drafts.eagle3 import api as eagle3_family
 from draftsmith.drafts.eagle3.config import Eagle3Config
-from draftsmith.drafts.eagle3.model import Eagle3Draft, simulated_tau
+from draftsmith.drafts.eagle3.model import Eagle3Draft
+from draftsmith.drafts.eagle_summary import simulated_tau
 
 V, VD, H, HT = 50, 20, 32, 24
 

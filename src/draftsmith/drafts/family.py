@@ -224,7 +224,7 @@ class Family:
             raise ValueError(f"Family {self.name!r}: config={self.config!r} must be a DraftConfig subclass")
         if self.vllm_method and self.vllm_writer is None:
             raise ValueError(f"Family {self.name!r}: vllm_method={self.vllm_method!r} needs vllm_writer (what vLLM "
-                             "reads of its config.json; see drafts/eagle3/serving.py)")
+                             "reads of its config.json; see drafts/eagle_serving.py)")
         if self.speculators_type and self.speculators_writer is None:
             raise ValueError(f"Family {self.name!r}: speculators_type={self.speculators_type!r} needs speculators_writer")
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ..eagle_config import layer_rule
+from ..eagle_summary import PROGRESS, describe, scalars
 from ..family import FamilyCode
-from .config import config_from_export, config_from_target  # noqa: F401
-from .export import layer_ids_from_export, load_exported  # noqa: F401
-from .infer import Eagle3Proposer as Proposer  # noqa: F401
-from .model import PROGRESS, Eagle3Draft as Model, attach_target, describe, scalars, summarize  # noqa: F401
+from .config import config_from_export, config_from_target
+from .export import layer_ids_from_export, load_exported
+from .infer import Eagle3Proposer as Proposer
+from .model import Eagle3Draft as Model, attach_target, summarize
 
 CODE = FamilyCode(layer_rule=layer_rule, config_from_target=config_from_target, config_from_export=config_from_export,
                   Model=Model, Proposer=Proposer, attach_target=attach_target, load_exported=load_exported,

@@ -1,8 +1,11 @@
 """P-EAGLE (parallel drafting): an EAGLE-3 draft that proposes K tokens in ONE forward.
 
-Layout as eagle3/: ``config.py`` (torch-free), ``model.py`` (COD sampling, the parallel loss, the
-draft composed of EAGLE-3's modules), ``infer.py`` (one-forward proposals and the parallel proposer),
-``export.py``, ``serving.py`` (EAGLE-3's engine fields plus the mask token), ``api.py``. This file: the family's description, torch-free.
+Layout as EAGLE-3's folder: ``config.py`` (torch-free), ``model.py`` (COD sampling, the parallel loss, the
+draft composed of the EAGLE layout's modules), ``infer.py`` (one-forward proposals and the parallel
+proposer), ``export.py``, ``serving.py`` (the EAGLE layout's engine fields plus the mask token),
+``api.py``. What it shares with EAGLE-3 are modules of drafts/ (``eagle_config.py``, ``eagle_layers.py``,
+``eagle_summary.py``, ``eagle_export.py``, ``eagle_serving.py``, ``eagle_supervision.py``), as the block
+families share ``block*.py``. This file: the family's description, torch-free.
 """
 
 from __future__ import annotations

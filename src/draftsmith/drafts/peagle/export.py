@@ -1,5 +1,6 @@
-"""Loading an exported P-EAGLE draft: EAGLE-3's loader (the same on-disk names) into a PEagleDraft,
-after checking its learned ``mask_hidden``. Writing is ``PEagleConfig.to_export`` plus ``state_dict()``."""
+"""Loading an exported P-EAGLE draft into a PEagleDraft, after checking its learned ``mask_hidden``
+(drafts/eagle_export.py reads the EAGLE layout's on-disk names). Writing is ``PEagleConfig.to_export``
+plus ``state_dict()``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from typing import Optional
 
 import torch
 
-from ..eagle3.export import layer_ids_from_export, load_exported as load  # noqa: F401 (the same ids key)
+from ..eagle_export import aux_layer_ids, load_eagle_state
 from .config import PEagleConfig
 from .model import PEagleDraft
 
 __all__ = ["load_exported", "layer_ids_from_export"]
+
+
+def layer_ids_from_export(config: dict) -> list[int]:
+    """The engine layer ids a P-EAGLE export reads (eagle_config.eagle_aux_hidden_state_layer_ids)."""
+    return aux_layer_ids(config, "a P-EAGLE")
 
 
 def load_exported(config: dict, state: dict[str, torch.Tensor],
@@ -26,4 +32,4 @@ def load_exported(config: dict, state: dict[str, torch.Tensor],
                          f"(num_aux {cfg.num_aux} x target_hidden_size {cfg.target_hidden_size}); re-export it")
     # vLLM reshapes mask_hidden to (1, n*Ht) whatever its saved shape; ours is (1, 1, n*Ht)
     state = {**state, "mask_hidden": mask.reshape(1, 1, width)}
-    return load(config, state, target_embeddings, draft=PEagleDraft(cfg))
+    return load_eagle_state(PEagleDraft(cfg), state, target_embeddings)

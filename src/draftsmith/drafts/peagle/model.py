@@ -21,8 +21,9 @@ coordinates (:func:`packed_sample`), so a packed row gives the loss and gradient
 trained one per row.
 
 Inference (`propose`, `propose_cached`, as vLLM 0.32 runs a parallel draft) lives in infer.py, with the
-parallel proposer. The EAGLE-3 parts are composed, not inherited: the same modules (eagle3.model's
-`Eagle3Model`, `Eagle3Attention`) under the same on-disk names, and EAGLE-3's head functions.
+parallel proposer. The EAGLE-3 parts are composed, not inherited: the EAGLE layout's modules
+(drafts/eagle_layers.py: `Eagle3Model`, `Eagle3Attention`) under the same on-disk names, and its head
+functions, which EAGLE-3's draft composes the same way.
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import eagle_layers, eagle_summary
 from ..chunked import MAX_ELEMENTS, attention_rows
-from ..eagle3 import model as eagle3
-from ..eagle3.model import Eagle3Attention, add_eagle_modules, simulated_tau
+from ..eagle_layers import Eagle3Attention, add_eagle_modules
+from ..eagle_summary import simulated_tau
 from ..layers import DraftKVCache, LossParts, RMSNorm, RowGenerators, SwiGLU, document_positions, row_generator
 from .config import PEagleConfig
 from .infer import PEagleInference, PEagleProposal
 
 __all__ = ["PEagleDraft", "PEagleOutput", "PEagleProposal", "cod_sample", "full_sample", "packed_sample",
-           "document_spans", "pad_elements", "visibility", "attention_mask", "ElementMask"]
+           "document_spans", "pad_elements", "visibility", "attention_mask", "ElementMask", "attach_target", "summarize",
+           "describe"]
 
-PROGRESS = {"acc": "acc0", "tau": "simulated_tau"}
 FREEZE_EMBEDDINGS = False  # speculators trains them (the mask token's row must move)
 
 
@@ -270,7 +272,7 @@ class PEagleOutput:
 
 
 class PEagleDraft(PEagleInference, nn.Module):
-    """P-EAGLE draft: the EAGLE-3 modules (built by eagle3.model.add_eagle_modules, so the vocab map,
+    """P-EAGLE draft: the EAGLE layout's modules (built by eagle_layers.add_eagle_modules, so the vocab map,
     embeddings, fc and head are EAGLE-3's under the same names) plus layers 1..L-1 and `mask_hidden`."""
 
     def __init__(self, cfg: PEagleConfig):
@@ -284,13 +286,13 @@ class PEagleDraft(PEagleInference, nn.Module):
         self.activation_checkpointing = False
         self.max_score_elements = MAX_ELEMENTS  # attention scores per block of query rows (ElementMask)
 
-    # EAGLE-3's head (eagle3/model.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
-    set_vocab_map = eagle3.set_vocab_map
-    draft_to_target = eagle3.draft_to_target
-    load_target_embeddings = eagle3.load_target_embeddings
-    init_from_target = eagle3.init_from_target
-    combine = eagle3.combine
-    compute_logits = eagle3.compute_logits
+    # the EAGLE head (drafts/eagle_layers.py), composed in: P-EAGLE's layer 0, fc, norm and lm_head are EAGLE-3's
+    set_vocab_map = eagle_layers.set_vocab_map
+    draft_to_target = eagle_layers.draft_to_target
+    load_target_embeddings = eagle_layers.load_target_embeddings
+    init_from_target = eagle_layers.init_from_target
+    combine = eagle_layers.combine
+    compute_logits = eagle_layers.compute_logits
 
     def run_layers(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                    mask: "torch.Tensor | ElementMask", caches: list[DraftKVCache] | None = None) -> torch.Tensor:
@@ -418,8 +420,9 @@ class PEagleDraft(PEagleInference, nn.Module):
 # ---------------------------------------------------------------------------------- training contract
 def attach_target(model: PEagleDraft, draft: Any, *, embeddings: torch.Tensor,
                   head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
-    """As EAGLE-3 (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
-    eagle3.attach_target(model, draft, embeddings=embeddings, head=head, vocab=vocab, freeze_default=FREEZE_EMBEDDINGS)
+    """The EAGLE layout's (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
+    eagle_layers.attach_target(model, draft, embeddings=embeddings, head=head, vocab=vocab,
+                               freeze_default=FREEZE_EMBEDDINGS)
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
@@ -428,11 +431,9 @@ def summarize(sums: dict[str, torch.Tensor]) -> dict:
     The simulated tau drafts all K depths at every anchor and accepts the longest agreeing prefix
     (1 + sum_d P(depths 0..d agree)); on held-out data it is computed without COD.
     """
-    return eagle3.position_summary(sums["depth_correct"], sums["depth_prefix"], sums["depth_count"])
-
-
-scalars = eagle3.scalars
+    return eagle_summary.position_summary(sums["depth_correct"], sums["depth_prefix"], sums["depth_count"])
 
 
 def describe(summary: dict) -> str:
-    return eagle3.describe(summary, "depth")
+    """The EAGLE families' line (eagle_summary.describe), per depth and with the parallel tau."""
+    return eagle_summary.describe(summary, "depth")

@@ -1,5 +1,5 @@
-"""What vLLM and speculators read of a P-EAGLE draft: EAGLE-3's fields (composed, eagle3/serving.py)
-plus the mask token of the parallel slots. Torch-free.
+"""What vLLM and speculators read of a P-EAGLE draft: the EAGLE layout's fields (composed,
+drafts/eagle_serving.py) plus the mask token of the parallel slots. Torch-free.
 
 Facts (vLLM 0.32 ``v1/spec_decode/llm_base_proposer.py`` ``_init_parallel_drafting_params``): the mask
 token is read from ``dflash_config.mask_token_id``, ``mask_token_id``, ``pard_token`` or ``ptd_token_id``,
@@ -9,16 +9,16 @@ only read that. speculators' ``peagle`` algorithm reads ``mask_token_id``.
 
 from __future__ import annotations
 
-from ..eagle3 import serving as eagle3
+from .. import eagle_serving
 from ..family import mask_token
 
 __all__ = ["vllm_config", "speculators_fields"]
 
 
 def vllm_config(out: dict) -> None:
-    """EAGLE-3's stamps, then ``pard_token`` from ``mask_token_id`` unless a key vLLM reads holds it;
+    """The EAGLE layout's stamps, then ``pard_token`` from ``mask_token_id`` unless a key vLLM reads holds it;
     ValueError when the config has no mask token at all."""
-    eagle3.vllm_config(out)
+    eagle_serving.vllm_config(out)
     if any(k in out for k in ("pard_token", "ptd_token_id")) or (out.get("dflash_config") or {}).get("mask_token_id") is not None:
         return
     if out.get("mask_token_id") is None:
@@ -28,5 +28,5 @@ def vllm_config(out: dict) -> None:
 
 
 def speculators_fields(config: dict, layer: dict, speculators_type: str) -> dict:
-    """EAGLE-3's speculators fields plus ``mask_token_id``."""
-    return {**eagle3.speculators_fields(config, layer, speculators_type), "mask_token_id": mask_token(config)}
+    """The EAGLE layout's speculators fields plus ``mask_token_id``."""
+    return {**eagle_serving.speculators_fields(config, layer, speculators_type), "mask_token_id": mask_token(config)}

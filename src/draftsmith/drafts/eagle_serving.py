@@ -1,5 +1,6 @@
-"""What vLLM and speculators read of an EAGLE-3 draft's config.json (torch-free; serve/vllm.py calls
-these through the family description, ``Family.vllm_writer`` / ``Family.speculators_writer``).
+"""What vLLM and speculators read of an EAGLE-layout draft's config.json, EAGLE-3's writers and the base
+of P-EAGLE's (peagle/serving.py adds the mask token). Torch-free; serve/vllm.py calls these through the
+family description, ``Family.vllm_writer`` / ``Family.speculators_writer``.
 
 Facts (vLLM 0.32 ``model_executor/models/llama_eagle3.py``, ``transformers_utils/configs/speculators``):
 vLLM reads ``eagle_config.use_aux_hidden_state`` (the fused target states, on for EAGLE-3) and the aux
