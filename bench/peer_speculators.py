@@ -464,7 +464,8 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
               max_tokens: int, log_dir: Path, dtype: str, serve: Sequence[str] = SERVED) -> list[dict]:
     """no speculation, ngram K=3, then per K ours and speculators' (those of ``serve``: no speculation
     always); one server each, every set on it."""
-    from draftsmith.eval.speedup import NGRAM_LOOKUP, serve_prompt_sets
+    from draftsmith.eval.baselines import spec as baseline_spec
+    from draftsmith.eval.speedup import serve_prompt_sets
     from draftsmith.serve.process import free_port
     from draftsmith.serve.resolve import resolve_draft
     from draftsmith.serve.vllm import plan_vllm, vllm_argv
@@ -483,7 +484,7 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
             argv = vllm_argv(target, {"method": "eagle3", "model": str(peer), "num_speculative_tokens": k},
                              port=port, **common)
         elif label == "ngram":
-            argv = vllm_argv(target, {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}, port=port, **common)
+            argv = vllm_argv(target, baseline_spec("ngram", k), port=port, **common)
         else:
             argv = vllm_argv(target, None, port=port, **common)
         per_set = serve_prompt_sets(name, argv, port, sets, max_tokens, log_dir / f"serve_{name.replace(' ', '_')}.log",

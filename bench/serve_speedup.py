@@ -1,4 +1,4 @@
-"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` vs draftsmith drafts (EAGLE-3, P-EAGLE, DFlash, JetSpec).
+"""Serving speedup on real vLLM: no speculation vs vLLM `ngram` and `suffix` vs draftsmith drafts (EAGLE-3, P-EAGLE, DFlash, JetSpec).
 
     .venv/bin/python bench/serve_speedup.py [--draft runs/demo/checkpoints/LATEST] [-k 1 3] [--prompts N] [--max-tokens M]
     .venv/bin/python bench/serve_speedup.py --draft eagle3=runs/e3 --draft peagle=runs/pe -k 1 3 5 7
@@ -6,7 +6,9 @@
 
 Each `--draft` (a path, or NAME=PATH to label it) is served at every K (or at its own list, PATH@K,K);
 its family (chain EAGLE-3, parallel P-EAGLE, block DFlash/JetSpec) comes from its config.json, exactly
-as `draftsmith serve vllm` resolves it.
+as `draftsmith serve vllm` resolves it. `--draft none` measures the baselines alone. vLLM's `suffix`
+(suffix decoding) runs beside ngram at ngram's K whenever arctic-inference is installed (`make suffix`;
+`--suffix off` skips it, `--suffix on` fails when it cannot run).
 
 One vLLM OpenAI server per configuration, the same target (SmolLM2-135M-Instruct, models.smollm2()),
 the same prompts sent one at a time (batch 1), greedy. Per configuration: output tokens/s over all
@@ -56,6 +58,8 @@ def main() -> int:
                     help="K for ngram and the draft; several values run one server per K (default 3)")
     ap.add_argument("--ngram-k", type=int, nargs="+", default=None,
                     help="K for ngram when it should differ from the drafts' (default: the -k list)")
+    ap.add_argument("--suffix", choices=("auto", "on", "off"), default="auto",
+                    help="vLLM suffix decoding beside ngram: auto = when arctic-inference is installed")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--preload-iomp", action="store_true",
                     help="LD_PRELOAD <venv>/lib/libiomp5.so for every configuration (vLLM CPU's advice)")
@@ -107,8 +111,14 @@ def main() -> int:
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import ServeError, resolve_draft
 
+    from draftsmith.eval.baselines import suffix_support
+
+    suffix, suffix_note = suffix_support()
+    if args.suffix == "on" and not suffix:
+        ap.error(f"--suffix on: {suffix_note}")
+    suffix = suffix and args.suffix != "off"
     drafts, draft_ks = {}, {}  # label -> resolved draft, label -> its own K list
-    for spec in args.draft or [str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST")]:
+    for spec in [] if args.draft == ["none"] else args.draft or [str(ROOT / "runs" / "demo" / "checkpoints" / "LATEST")]:
         label, _, path = spec.rpartition("=")
         path, at, klist = path.partition("@")
         try:
@@ -134,7 +144,7 @@ def main() -> int:
     ks = args.num_speculative_tokens
     out_dir = Path(args.out).parent
     print(f"target {target}\ndrafts {', '.join(f'{n}={d.dir} ({d.family})' for n, d in drafts.items())}\nprompts: {len(prompts)} from {source}, max_tokens {args.max_tokens}, "
-          f"K {ks} (ngram {args.ngram_k or ks}), batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}, "
+          f"K {ks} (ngram {args.ngram_k or ks}), suffix: {'on' if suffix else suffix_note}, batch 1, dtype {args.dtype}, LD_PRELOAD {preload or '-'}, "
           f"env {server_env or '-'}\nserver logs (one vLLM server per configuration): {out_dir}/serve_*.log", flush=True)
 
     def show(r: dict) -> None:
@@ -143,7 +153,7 @@ def main() -> int:
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
                           preload=preload, progress=show, ngram_ks=args.ngram_k, draft_ks=draft_ks,
-                          env=server_env or None)
+                          env=server_env or None, suffix=suffix)
     except (EvalError, ServeError) as e:
         print(f"serve_speedup: {e}", file=sys.stderr)
         return 2
@@ -164,6 +174,7 @@ def main() -> int:
     summary = {"target": target, "drafts": {n: str(d.dir) for n, d in drafts.items()}, "prompts": source, "n_prompts": len(prompts),
                "max_tokens": args.max_tokens, "k": ks, "dtype": args.dtype, "batch": 1, "ld_preload": preload, "env": server_env,
                "outputs_identical": same, "chat_template_kwargs": template_kwargs, "summary": line,
+               "suffix": suffix_note if not suffix else "measured",
                "best": {label: r["name"] for label, r in best_by_kind(results).items()},
                "results": [{kk: v for kk, v in r.items() if kk != "outputs"} for r in results]}
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -34,6 +34,32 @@ def test_configurations_baseline_first_then_per_k_ngram_and_each_draft():
         configurations(["df"], [1], draft_ks={"df": [0]})
 
 
+def test_suffix_runs_beside_ngram_at_ngrams_k():
+    names = [c["name"] for c in configurations(["d"], [1, 2], ngram_ks=[3], suffix=True)]
+    assert names == ["none", "d K=1", "d K=2", "ngram K=3", "suffix K=3"]
+    assert [c["kind"] for c in configurations([], [2], suffix=True)] == ["none", "ngram", "suffix"]
+    assert [c["name"] for c in configurations(["d"], [2], ngram=False, suffix=True)] == ["none", "d K=2"]
+    with pytest.raises(EvalError, match="label 'suffix' is reserved for a baseline"):
+        configurations(["suffix"], [1])
+
+
+def test_baseline_specs_are_what_vllm_reads():
+    from draftsmith.eval.baselines import spec
+
+    assert spec("ngram", 3) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                                "prompt_lookup_max": 4}
+    assert spec("suffix", 4) == {"method": "suffix", "num_speculative_tokens": 4}
+    # a measurement that decodes a prompt twice must not let the global response tree replay the first answer
+    assert spec("suffix", 4, repeats=True)["suffix_decoding_max_cached_requests"] == 0
+    assert "suffix_decoding_max_cached_requests" not in spec("ngram", 4, repeats=True)
+    with pytest.raises(ValueError, match="baseline kind 'eagle3': expected one of"):
+        spec("eagle3", 1)
+    # every key is a field of the installed vLLM's SpeculativeConfig
+    vllm_spec = pytest.importorskip("vllm.config.speculative")
+    fields = set(vllm_spec.SpeculativeConfig.__dataclass_fields__)
+    assert set(spec("suffix", 4, repeats=True)) <= fields and set(spec("ngram", 3)) <= fields
+
+
 @pytest.mark.parametrize("labels, ks, msg", [
     (["d"], [], r"ks: \[\] must be one or more integers >= 1"),
     (["d"], [0, 3], r"ks: \[0, 3\] must be"),

@@ -35,7 +35,6 @@ before any timed pass, so prefill is alike across configurations.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -50,24 +49,10 @@ from typing import Callable, Optional, Sequence
 from draftsmith.eval import EvalError
 from draftsmith.eval.costmodel import fit_batch, predict_all, probe_fit, recommend, set_speedup
 from draftsmith.eval.online import HttpClient, counter_diff
-from draftsmith.eval.speedup import NGRAM_LOOKUP, settled_counters
+from draftsmith.eval.baselines import spec as baseline_spec, suffix_support  # noqa: F401 (suffix_support: tests)
+from draftsmith.eval.speedup import settled_counters
 
 __all__ = ["advise", "Served", "suffix_support", "check_draft_target", "draft_kmax", "serve_command", "time_server"]
-
-
-def suffix_support() -> tuple[bool, str]:
-    """(usable, why): vLLM's ``suffix`` method needs a vLLM that knows it and arctic-inference."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return False, "vLLM is not installed"
-    src = Path(list(spec.submodule_search_locations)[0]) / "config" / "speculative.py"
-    known = src.is_file() and '"suffix"' in src.read_text(errors="replace")
-    if not known:
-        return False, "the installed vLLM has no suffix decoding (method 'suffix' is not in its speculative config)"
-    if importlib.util.find_spec("arctic_inference") is None:
-        return False, ("the installed vLLM knows method 'suffix' but it needs arctic-inference, which is not "
-                       "installed (pip install arctic-inference; CUDA builds only)")
-    return True, "vLLM suffix decoding (arctic-inference) is installed"
 
 
 def check_draft_target(draft, target: str) -> None:
@@ -95,10 +80,6 @@ def draft_kmax(draft, kmax: int) -> int:
         return kmax
 
 
-def ngram_spec(k: int) -> dict:
-    return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
-
-
 def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None, dtype: Optional[str] = None,
                   extra: Sequence[str] = ()) -> str:
     """The exact command that serves ``row``'s method and K (``extra``: further server flags)."""
@@ -109,7 +90,7 @@ def serve_command(target: str, row: dict, *, draft_source: Optional[str] = None,
         return (f"draftsmith serve vllm --target {shlex.quote(target)} --draft {shlex.quote(draft_source or '?')} "
                 f"--num-speculative-tokens {row['k']}" + (f" --dtype {dtype}" if dtype else "")
                 + (" -- " + " ".join(shlex.quote(a) for a in extra) if extra else ""))
-    spec = ngram_spec(row["k"]) if row["kind"] == "ngram" else {"method": "suffix", "num_speculative_tokens": row["k"]}
+    spec = baseline_spec(row["kind"], row["k"])  # as a user serves it: suffix with its global tree
     return f"vllm serve {shlex.quote(target)}{tail} --speculative-config {shlex.quote(json.dumps(spec))}"
 
 
@@ -377,8 +358,8 @@ def advise(target: str, prompts: Sequence[Sequence[int]], *, drafts: Optional[di
         if kind == "draft":
             argv = plan_vllm(target, drafts[label], k=k, port=port, **common).argv
         else:
-            spec = None if kind == "none" else ngram_spec(k) if kind == "ngram" else {"method": "suffix",
-                                                                                        "num_speculative_tokens": k}
+            # Served decodes every prompt many times: suffix decoding's global tree would replay earlier answers
+            spec = None if kind == "none" else baseline_spec(kind, k, repeats=True)
             argv = vllm_argv(target, spec, port=port, **common)
         name = tag + (label if kind == "none" else f"{label}_K{k}")
         progress(f"serving {name} ...")

@@ -1,4 +1,5 @@
-"""Real serving speed on vLLM: no speculation vs vLLM ``ngram`` vs draftsmith drafts, one server each.
+"""Real serving speed on vLLM: no speculation vs vLLM ``ngram`` (and ``suffix`` where arctic-inference is
+installed: eval/baselines.py) vs draftsmith drafts, one server each.
 
 :func:`measure` starts one vLLM OpenAI server per configuration (same target, same prompt token ids,
 sent one at a time = batch 1, greedy), warms it up with one short request, then times every prompt
@@ -20,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from draftsmith.eval import EvalError
+from draftsmith.eval.baselines import KINDS, spec as baseline_spec
 from draftsmith.eval.online import HttpClient, counter_diff, vllm_spec_counters
 from draftsmith.eval.prompts import PROMPT_SETS, EvalPrompt, render_prompt
 
 __all__ = ["configurations", "measure", "run_config", "serve_prompt_sets", "settled_counters", "best_by_kind",
            "one_line", "render_prompts", "describe_prompt_set", "outputs_identical"]
 
-NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}  # vLLM's documented ngram example
 SET_TITLES = {"mt_bench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval",
               "mixed": "mixed (chat, math, code, long)"}
 _ZERO = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_position": {}}
@@ -61,18 +62,19 @@ def describe_prompt_set(prompt_set: str | os.PathLike, n: int) -> str:
 
 def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: bool = True,
                    ngram_ks: Optional[Sequence[int]] = None,
-                   draft_ks: Optional[dict[str, Sequence[int]]] = None) -> list[dict]:
-    """What :func:`measure` runs, in order: no speculation, then per K ngram and each draft.
-    ``ngram_ks`` (default ``ks``) are the K ngram runs at, when it should differ from the drafts'.
+                   draft_ks: Optional[dict[str, Sequence[int]]] = None, suffix: bool = False) -> list[dict]:
+    """What :func:`measure` runs, in order: no speculation, then per K ngram, suffix and each draft.
+    ``ngram_ks`` (default ``ks``) are the K ngram runs at, when it should differ from the drafts'; suffix
+    decoding (``suffix``: where :func:`~draftsmith.eval.baselines.suffix_support` says it runs) runs at ngram's.
     ``draft_ks`` gives a draft its own K list (a block draft's useful K, e.g. 3, 7, 15, is not a chain's).
 
-    Each entry: ``{"name", "kind": "none"|"ngram"|"draft", "label", "k"}``; ``label`` is "none",
-    "ngram" or the draft's label (what :func:`best_by_kind` groups by).
+    Each entry: ``{"name", "kind": "none"|"ngram"|"suffix"|"draft", "label", "k"}``; ``label`` is "none",
+    "ngram", "suffix" or the draft's label (what :func:`best_by_kind` groups by).
     """
     bad = [k for k in ks if not isinstance(k, int) or isinstance(k, bool) or k < 1]
     if bad or not ks:
         raise EvalError(f"ks: {list(ks)!r} must be one or more integers >= 1 (draft tokens per step); pass e.g. [1, 3]")
-    taken = [lb for lb in draft_labels if lb in ("none", "ngram")]
+    taken = [lb for lb in draft_labels if lb in ("none", *KINDS)]
     if taken:
         raise EvalError(f"drafts: label {taken[0]!r} is reserved for a baseline; name the draft otherwise "
                         "(e.g. eagle3=PATH)")
@@ -86,6 +88,8 @@ def configurations(draft_labels: Sequence[str], ks: Sequence[int], *, ngram: boo
     for k in sorted(every):
         if ngram and k in ngram_ks:
             out.append({"name": f"ngram K={k}", "kind": "ngram", "label": "ngram", "k": k})
+            if suffix:
+                out.append({"name": f"suffix K={k}", "kind": "suffix", "label": "suffix", "k": k})
         out += [{"name": f"{lb} K={k}", "kind": "draft", "label": lb, "k": k} for lb in draft_labels if k in own[lb]]
     return out
 
@@ -162,7 +166,7 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
             progress: Optional[Callable[[dict], None]] = None, max_model_len: int = 2048,
             extra: Sequence[str] = ("--enforce-eager", "--seed", "0"), env: Optional[dict] = None,
             ready_s: float = 600.0, ngram_ks: Optional[Sequence[int]] = None,
-            draft_ks: Optional[dict[str, Sequence[int]]] = None) -> list[dict]:
+            draft_ks: Optional[dict[str, Sequence[int]]] = None, suffix: bool = False) -> list[dict]:
     """Serve ``target`` once per configuration (:func:`configurations`) and time the same prompts on each.
 
     ``drafts`` maps a label to a resolved draft (:func:`draftsmith.serve.resolve.resolve_draft`),
@@ -181,7 +185,7 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
         i, n = too_long[0]
         raise EvalError(f"prompts[{i}]: {n} tokens + max_tokens {max_tokens} > max_model_len {max_model_len}; "
                         "use shorter prompts, a smaller max_tokens or a larger max_model_len")
-    configs = configurations(list(drafts), list(ks), ngram=ngram, ngram_ks=ngram_ks, draft_ks=draft_ks)
+    configs = configurations(list(drafts), list(ks), ngram=ngram, ngram_ks=ngram_ks, draft_ks=draft_ks, suffix=suffix)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     common = dict(dtype=dtype, max_model_len=max_model_len, extra=list(extra))
@@ -191,7 +195,9 @@ def measure(target: str, drafts: dict, ks: Sequence[int], prompts: Sequence[Sequ
         if c["kind"] == "draft":
             argv = plan_vllm(target, drafts[c["label"]], k=c["k"], port=port, **common).argv
         else:
-            spec = {"method": "ngram", "num_speculative_tokens": c["k"], **NGRAM_LOOKUP} if c["kind"] == "ngram" else None
+            # each prompt is decoded once (after a warm-up on a prefix of the first): suffix decoding keeps
+            # its global tree of past responses, as served
+            spec = None if c["kind"] == "none" else baseline_spec(c["kind"], c["k"])
             argv = vllm_argv(target, spec, port=port, **common)
         log = log_dir / f"serve_{c['name'].replace(' ', '_')}.log"
         r = run_config(c["name"], argv, port, prompts, max_tokens, log, preload=preload, env=env, ready_s=ready_s)
@@ -208,7 +214,7 @@ def outputs_identical(results: Sequence[dict]) -> bool:
 
 
 def best_by_kind(results: Sequence[dict]) -> dict[str, dict]:
-    """The fastest result (tokens/s) per label: "none", "ngram" and each draft label, in first-seen order.
+    """The fastest result (tokens/s) per label: "none", "ngram", "suffix" and each draft label, in first-seen order.
 
     Ties keep the smaller K (the first measured), so the choice is stable.
     """

@@ -268,11 +268,13 @@ def summary_table(result, wall: float, phases: dict, best: Optional[dict], out: 
 
 
 def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, dict]:
-    """Tokens/s and tau on real vLLM for a few MT-Bench prompts at batch 1: no speculation, ngram and
-    the draft, each at its best K of :data:`CHECK_K` -> (one line for the user, best result per kind).
+    """Tokens/s and tau on real vLLM for a few MT-Bench prompts at batch 1: no speculation, ngram (and
+    suffix decoding where arctic-inference is installed: eval/baselines.py) and the draft, each at its best
+    K of :data:`CHECK_K` -> (one line for the user, best result per kind).
     Phase 4 of the demo's output: a bar over the servers; their logs in ``output/real_check/``."""
     from transformers import AutoTokenizer
 
+    from draftsmith.eval.baselines import suffix_support
     from draftsmith.eval.prompts import load_prompts
     from draftsmith.eval.speedup import (best_by_kind, configurations, describe_prompt_set, measure, one_line,
                                          render_prompts)
@@ -284,9 +286,11 @@ def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, di
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
     prompts = render_prompts(tokenizer, load_prompts("mt_bench", limit=CHECK_PROMPTS),
                              find_meta(ckpt).get("chat_template_kwargs") or None)
-    say(f"[4/4] real check on vLLM: no speculation, ngram K {list(CHECK_K['ngram'])}, the draft K "
-        f"{list(CHECK_K['draft'])} (one server each), {CHECK_PROMPTS} MT-Bench prompts, {CHECK_TOKENS} tokens each")
-    n = len(configurations(["draft"], list(CHECK_K["draft"]), ngram_ks=CHECK_K["ngram"]))
+    suffix = suffix_support()[0]
+    say(f"[4/4] real check on vLLM: no speculation, ngram{' and suffix' if suffix else ''} K {list(CHECK_K['ngram'])}, "
+        f"the draft K {list(CHECK_K['draft'])} (one server each), {CHECK_PROMPTS} MT-Bench prompts, {CHECK_TOKENS} "
+        f"tokens each")
+    n = len(configurations(["draft"], list(CHECK_K["draft"]), ngram_ks=CHECK_K["ngram"], suffix=suffix))
     bar = console.PhaseBar(n, disable=not progress, desc="real check", unit="servers")
 
     def done(r: dict) -> None:
@@ -296,7 +300,7 @@ def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, di
     try:
         with bar.ticking():  # a server takes a minute or more to start here
             results = measure(target, {"draft": resolve_draft(str(ckpt))}, CHECK_K["draft"], prompts, CHECK_TOKENS,
-                              ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check", progress=done)
+                              ngram_ks=CHECK_K["ngram"], log_dir=output / "real_check", progress=done, suffix=suffix)
     finally:
         bar.close()
     best = best_by_kind(results)
