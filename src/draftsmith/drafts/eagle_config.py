@@ -16,8 +16,14 @@ from typing import Any, Optional
 from .family import DraftConfig
 from .rope import draft_rope, rope_of_config
 
-__all__ = ["EagleDraftConfig", "EagleConfig", "REQUIRED_KEYS", "eagle_fields", "eagle_export", "layer_rule",
+__all__ = ["EagleDraftConfig", "EagleConfig", "REQUIRED_KEYS", "QWEN3_ARCHS", "eagle_fields", "eagle_export", "layer_rule",
            "refuse_other_family", "claimed_by_block_family"]
+
+# vLLM 0.32's Qwen3-shaped EAGLE layer (model_executor/models/qwen3_eagle3.py; registry: both names, one class):
+# Qwen3's decoder layer with layer 0's q/k/v over the fused 2H input; its attention has q_norm and k_norm.
+# A config.json with model_type qwen3 or one of these architectures is that shape (speculators maps its
+# transformer_layer_config model_type qwen3 to them too: transformers_utils/configs/speculators/algos.py).
+QWEN3_ARCHS = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM")
 
 # config.json keys doctor requires of an EAGLE-layout draft (both families: the same layer 0, fc and head)
 REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size", "rms_norm_eps",
@@ -35,6 +41,9 @@ class EagleDraftConfig(DraftConfig):
     freeze_lm_head: bool = False  # keep the lm_head at the target's rows (needs init_from_target); saves its weight-grad GEMM
     freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
     init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
+    # Qwen3-shaped layers: an RMSNorm over each head's q and k before RoPE, as Qwen3's own attention (speculators
+    # reports +3-7% acceptance length over the Llama-shaped layer); served as vLLM's Eagle3Qwen3ForCausalLM
+    qk_norm: bool = False
 
     def problems(self) -> list[str]:
         p = super().problems()
@@ -69,6 +78,7 @@ class EagleConfig:
     norm_output: bool = False
     norm_before_residual: bool = False
     norm_before_fc: bool = False
+    qk_norm: bool = False  # Qwen3-shaped attention: RMSNorm(head_dim) on q and k per head, before RoPE
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -118,7 +128,14 @@ class EagleConfig:
             # eagle_config first, then top level
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
+            qk_norm=is_qwen3_shaped(config),
         )
+
+
+def is_qwen3_shaped(config: dict) -> bool:
+    """Whether an EAGLE-layout config.json describes Qwen3-shaped layers (q/k norms): ``model_type`` qwen3
+    or a Qwen3 EAGLE architecture (:data:`QWEN3_ARCHS`)."""
+    return config.get("model_type") == "qwen3" or any(a in QWEN3_ARCHS for a in config.get("architectures") or ())
 
 
 def eagle_export(cfg: EagleConfig, aux_layer_ids: list[int], torch_dtype: str, *, num_hidden_layers: int,
@@ -131,8 +148,10 @@ def eagle_export(cfg: EagleConfig, aux_layer_ids: list[int], torch_dtype: str, *
         raise ValueError(f"aux_layer_ids {list(aux_layer_ids)} has {len(aux_layer_ids)} ids but the draft's "
                          f"fc expects num_aux={cfg.num_aux}")
     out = {
-        "architectures": ["LlamaEagle3DraftModel"],
-        "model_type": "llama",
+        # the Llama shape under NeMo AutoModel's / speculators' name (serve/ stamps vLLM's), the Qwen3 shape
+        # under vLLM's own (the only one it has)
+        "architectures": [QWEN3_ARCHS[0]] if cfg.qk_norm else ["LlamaEagle3DraftModel"],
+        "model_type": "qwen3" if cfg.qk_norm else "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads,
@@ -175,7 +194,7 @@ def eagle_fields(info: Any, draft: Any, *, draft_vocab_size: int, num_layer_ids:
         draft_vocab_size=draft_vocab_size, num_aux=num_layer_ids, rms_norm_eps=info.rms_norm_eps,
         rope_theta=info.rope_theta, rope_scaling=draft_rope(info.rope_scaling, info.max_position_embeddings),
         max_position_embeddings=info.max_position_embeddings, fc_norm=draft.fc_norm, norm_output=draft.norm_output,
-        norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc,
+        norm_before_residual=draft.norm_before_residual, norm_before_fc=draft.norm_before_fc, qk_norm=draft.qk_norm,
     )
 
 

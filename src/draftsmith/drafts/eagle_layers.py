@@ -36,7 +36,9 @@ __all__ = ["Eagle3Attention", "Eagle3DecoderLayer", "Eagle3Model", "add_eagle_mo
 
 class Eagle3Attention(nn.Module):
     """Q/K/V/O projections; q/k/v read the fused 2H input (`input_size`, default 2H; P-EAGLE's
-    layers 1..L-1 read H). The attention pattern lives in the draft."""
+    layers 1..L-1 read H). With ``qk_norm`` (the Qwen3 shape) each head's q and k pass an RMSNorm over
+    head_dim before RoPE (``q_norm``, ``k_norm``: vLLM's Qwen3Attention). The attention pattern lives in
+    the draft."""
 
     def __init__(self, cfg: EagleConfig, input_size: int | None = None):
         super().__init__()
@@ -47,14 +49,19 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(inp, self.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(inp, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        if cfg.qk_norm:  # weights start at 1: the layer begins as the Llama-shaped one times a per-head RMS scale
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x (B, T, 2H or input_size) -> q (B, h, T, d), k and v (B, h_kv, T, d); q, k rotated by cos/sin (B, T, d)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):  # (B, T, h, d): each head's vector normalised over d, then rotated
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin), v
 
 
 class Eagle3DecoderLayer(nn.Module):

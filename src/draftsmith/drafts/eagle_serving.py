@@ -11,13 +11,19 @@ defaults ``norm_before_residual`` to TRUE, so the draft's own value is always wr
 
 from __future__ import annotations
 
+from .eagle_config import QWEN3_ARCHS, is_qwen3_shaped
+
 __all__ = ["vllm_config", "speculators_fields"]
 
 
 def vllm_config(out: dict) -> None:
     """Stamp what vLLM needs onto ``out`` (a deep copy of the draft's config.json, architectures already
-    set)."""
+    set to the family's Llama-shaped class): a Qwen3-shaped draft (``qk_norm``) is vLLM's
+    Eagle3Qwen3ForCausalLM, the class that has the q_norm/k_norm its weights hold."""
     out.setdefault("eagle_config", {}).setdefault("use_aux_hidden_state", True)
+    if is_qwen3_shaped(out):
+        out["architectures"] = [QWEN3_ARCHS[0]]  # P-EAGLE too: vLLM registers PeagleQwen3ForCausalLM as this class
+        out["model_type"] = "qwen3"
 
 
 def speculators_fields(config: dict, layer: dict, speculators_type: str) -> dict:

@@ -77,6 +77,12 @@ def sglang_config(config: dict) -> dict:
     if flags:
         raise ServeError(f"{' / '.join(flags)}: these EAGLE-3.1 / speculators norms are not implemented by SGLang's "
                          "LlamaForCausalLMEagle3; serve the draft with `draftsmith serve vllm`")
+    from draftsmith.drafts.eagle_config import is_qwen3_shaped
+
+    if is_qwen3_shaped(config):
+        raise ServeError(f"architectures {config.get('architectures')}, model_type {config.get('model_type')!r}: a "
+                         "Qwen3-shaped draft (draft.qk_norm: q/k norms per head), which SGLang's LlamaForCausalLMEagle3 "
+                         "does not have; serve the draft with `draftsmith serve vllm`")
     if int(config.get("num_hidden_layers", 1)) != 1:
         raise ServeError(f"num_hidden_layers={config.get('num_hidden_layers')}: SGLang's EAGLE-3 loader reads one "
                          "draft layer (midlayer); serve multi-layer drafts with `draftsmith serve vllm`")
