@@ -22,6 +22,8 @@ import io
 import tokenize
 from pathlib import Path
 
+from source_scan import docstring_lines
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "draftsmith"
 NAMES = {"eagle3", "peagle", "dflash", "jetspec", "domino", "dspark"}
 OUTSIDE = ("drafts", "recipe")
@@ -30,16 +32,6 @@ SCOPE = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] not
 PENDING = {
     "targets/support.py": {'"eagle3"': 4, '"dflash"': 1, '"dspark"': 2},  # the matrix's rows: data, not branches
 }
-
-
-def docstring_lines(tree: ast.AST) -> set[int]:
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                lines.add(first.lineno)
-    return lines
 
 
 def family_literals(path: Path) -> list[str]:

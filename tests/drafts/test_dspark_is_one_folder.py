@@ -12,6 +12,8 @@ import io
 import tokenize
 from pathlib import Path
 
+from source_scan import docstring_lines
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "draftsmith"
 FOLDER = SRC / "drafts" / "dspark"
 # file -> the code lines that may name it (stripped): the registry line's import and register, the matrix rows
@@ -19,16 +21,6 @@ ALLOWED = {
     "drafts/__init__.py": {"from . import dflash, dspark, eagle3, peagle  # noqa: E402", "register(dspark.FAMILY)"},
     "targets/support.py": {'families=("eagle3", "dspark")),', 'families=("eagle3", "dspark"),'},
 }
-
-
-def docstring_lines(tree: ast.AST) -> set[int]:
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                lines.update(range(first.lineno, first.end_lineno + 1))
-    return lines
 
 
 def code_mentions(path: Path, word: str = "dspark") -> list[tuple[int, str]]:
