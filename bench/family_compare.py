@@ -39,6 +39,7 @@ from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread a
 #         draft overrides; the K values its exact eval runs)
 ARMS: dict[str, tuple] = {
     "eagle3": (None, {}, (1, 3)),
+    "eagle3_qk": (None, {"qk_norm": True}, (1, 3)),  # issue 38's lever: the Qwen3-shaped layer (q/k norms)
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
@@ -51,7 +52,9 @@ def arm_config(name: str, run_dir: Path, regen_dir: Path, cache_dir: Path, secon
 
     raw = demo_config(str(run_dir), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir))
     recipe, over, _ = ARMS[name]
-    if recipe is not None:
+    if recipe is None:  # the demo's own draft section, with the arm's changes
+        raw["draft"] = {**raw["draft"], **over}
+    else:
         doc = yaml.safe_load((ROOT / "examples" / recipe).read_text())
         raw["draft"] = {**doc["draft"], **over}
         raw["train"] = {k: v for k, v in doc["train"].items() if k not in ("save_every",)}
