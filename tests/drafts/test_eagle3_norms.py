@@ -3,6 +3,7 @@ math against hand formulas, the TTT step against the inference path, and the key
 
 import math
 
+import pytest
 import torch
 from transformers import LlamaConfig
 
@@ -82,8 +83,9 @@ def test_norm_before_residual_step0_matches_a_hand_computed_layer():
 
 
 @torch.no_grad()
-def test_training_step0_equals_the_inference_path_with_all_four_norms():
-    d = make_draft(**ALL)
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])  # the Qwen3 shape: q/k norms per head
+def test_training_step0_equals_the_inference_path_with_all_four_norms(qk_norm):
+    d = make_draft(**ALL, qk_norm=qk_norm)
     aux, ids = aux_batch(b=1)
     step0 = next(d.iter_steps(aux, ids))
     served = extend(d, DraftKVCache(), d.combine(aux), ids, torch.arange(ids.shape[1])[None])
