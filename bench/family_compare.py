@@ -39,7 +39,9 @@ from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread a
 #         draft overrides; the K values its exact eval runs)
 ARMS: dict[str, tuple] = {
     "eagle3": (None, {}, (1, 3)),
-    "eagle3_qk": (None, {"qk_norm": True}, (1, 3)),  # issue 38's lever: the Qwen3-shaped layer (q/k norms)
+    # issue 38's lever, the Qwen3-shaped layer (q/k norms, on in the demo's recipe since this A/B): the demo's
+    # recipe with the Llama-shaped layer, `--arms eagle3_llama eagle3`
+    "eagle3_llama": (None, {"qk_norm": False}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),

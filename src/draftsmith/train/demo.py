@@ -73,7 +73,9 @@ def demo_config(output: str, sources: list[str], engine: str = "hf", cache_dir: 
         # bench/recipe_sweep.py's winner at 500 steps on this data: the four EAGLE-3.1 / speculators norms,
         # the lm_head frozen at the target's rows and Muon beat the plain recipe's real tau by 2-5%
         # draft.type: the registry's default family (EAGLE-3), whose knobs these are
-        "draft": {"type": default_family(), "ttt_steps": 3, **RECIPE_NORMS, "freeze_lm_head": True},
+        # qk_norm, the Qwen3-shaped layer: +1.9% / +6.3% real tau on MT-Bench / mixed at equal seconds on this
+        # cache (docs/benchmarks.md, "The Qwen3-shaped draft layer"); vLLM serves it as Eagle3Qwen3ForCausalLM
+        "draft": {"type": default_family(), "ttt_steps": 3, **RECIPE_NORMS, "freeze_lm_head": True, "qk_norm": True},
         # Muon's Newton-Schulz steps run in bf16: where bf16 is emulated (float32 here) AdamW, ~30x cheaper a step
         "train": {"optimizer": "muon" if dtype == "bfloat16" else "adamw", "epochs": 50, "batch_size": 2, "grad_accum": 1, "group_by_length": True, "lr": 2e-3, "warmup_steps": 20,
                   "min_lr_ratio": 0.1, "max_grad_norm": 0.5, "log_every": 10, "bf16": dtype == "bfloat16"},
