@@ -24,6 +24,7 @@ from draftsmith.drafts import Family, family_of_config, get_family
 from draftsmith.drafts import held_layers as layers_in
 from draftsmith.drafts import layer_count_fixup as config_layer_fixup
 from draftsmith.drafts.family import lookup
+from draftsmith.layout import best_checkpoint, latest_checkpoint
 from draftsmith.weights import DamagedFile, read_tensors, safetensors_layout
 
 SAFETENSORS = "model.safetensors"
@@ -136,9 +137,8 @@ def candidates(path: Path) -> list[Path]:
     out = [path, path / "consolidated", path / "model" / "consolidated", path / "model"]
     # a run dir or checkpoints/ root: its BEST checkpoint (train.keep_best) before LATEST (layout.py)
     for root in (path, path / "checkpoints"):
-        for link in ("BEST", "LATEST"):
-            if (root / link).exists():
-                target = (root / link).resolve()
+        for target in (best_checkpoint(root), latest_checkpoint(root)):
+            if target is not None:
                 out += [target / "model" / "consolidated", target / "model"]
     return out
 

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from draftsmith.drafts.eagle_config import is_qwen3_shaped
 from draftsmith.weights import read_tensors
 
 from .export import Prepared, prepare_cached
@@ -77,8 +78,6 @@ def sglang_config(config: dict) -> dict:
     if flags:
         raise ServeError(f"{' / '.join(flags)}: these EAGLE-3.1 / speculators norms are not implemented by SGLang's "
                          "LlamaForCausalLMEagle3; serve the draft with `draftsmith serve vllm`")
-    from draftsmith.drafts.eagle_config import is_qwen3_shaped
-
     if is_qwen3_shaped(config):
         raise ServeError(f"architectures {config.get('architectures')}, model_type {config.get('model_type')!r}: a "
                          "Qwen3-shaped draft (draft.qk_norm: q/k norms per head), which SGLang's LlamaForCausalLMEagle3 "

@@ -74,7 +74,7 @@ class Best:
     patience: int = 0  # train.early_stop_patience (0: never stop early)
     score: Optional[float] = None
     step: Optional[int] = None
-    checkpoint: Optional[str] = None  # the BEST checkpoint's directory name, when keep_best saved one
+    checkpoint: Optional[str] = None  # the BEST checkpoint's path (in the run that saved it), when keep_best saved one
     since: int = 0  # evaluations since the best one
 
     @classmethod

@@ -33,8 +33,7 @@ from draftsmith.inputs import (aux_layer_ids, aux_order_note, check_target_rope,
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
 from draftsmith.targets.contract import supervision_kind, supervision_tensors, supervision_to
 from draftsmith.train import checkpoint as ckpt
-from draftsmith.train import packing, parallel
-from draftsmith.train import held_out
+from draftsmith.train import held_out, packing, parallel
 from draftsmith.train.held_out import Best, add_sums
 from draftsmith.train.malloc import fix_malloc
 from draftsmith.train.optim import build_optimizer
