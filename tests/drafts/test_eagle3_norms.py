@@ -126,7 +126,7 @@ def test_freeze_lm_head_keeps_the_target_rows_and_skips_their_gradient():
     target_head, final_norm = torch.randn(V, H, generator=g), torch.rand(H, generator=g) + 0.5
     ids = torch.arange(VD) * 2  # draft ids -> target ids 0, 2, 4, ...
     vocab = SimpleNamespace(draft_ids=ids, d2t=ids - torch.arange(VD), t2d=torch.zeros(V, dtype=torch.bool).index_fill_(0, ids, True))
-    draft_cfg = SimpleNamespace(freeze_embeddings=None, init_from_target=True, freeze_lm_head=True)
+    draft_cfg = SimpleNamespace(freeze_embeddings=None, init_from_target=True, freeze_lm_head=True, init_layer_from_target=None)
     eagle3.attach_target(d, draft_cfg, embeddings=torch.randn(V, H, generator=g),
                          head=lambda: (target_head, final_norm), vocab=vocab)
     assert not d.lm_head.weight.requires_grad and torch.equal(d.lm_head.weight, target_head[ids])

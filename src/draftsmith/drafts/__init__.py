@@ -33,10 +33,12 @@ when its module is imported:
     ``Proposer(model)``: its offline proposer (drafts/proposer.py protocol), which the exact evaluator
     (eval/offline.py) and the trainer's real-tau hook drive; ``kind``, ``max_k`` (None = any),
     ``default_k`` (eval without -k), ``trained_k`` (the trainer hook's K), ``k_knob`` (what bounds K).
-``attach_target(model, draft, *, embeddings, head, vocab) -> None``
+``attach_target(model, draft, *, embeddings, head, vocab, layer) -> None``
     take what the draft needs from the target before training: ``embeddings`` (V, H); ``head()``
     returns (lm_head (V, H), final_norm (H,)) and is only called when needed; ``vocab`` has
-    ``draft_ids`` (Vd,), ``d2t`` (Vd,) and ``t2d`` (V,).
+    ``draft_ids`` (Vd,), ``d2t`` (Vd,) and ``t2d`` (V,); ``layer(index)`` returns a target decoder
+    layer's weights under Llama's names (targets/runner.py decoder_layer_weights), called only when the
+    family starts a layer from the target's (EAGLE: ``draft.init_layer_from_target``).
 ``load_exported(config, state, target_embeddings, target_lm_head=None) -> Model``
     a model for inference from an export (``state``: on-disk tensor names); ValueError when they do
     not fit. Families that borrow the target's lm_head (``Family.borrows_lm_head``) take it here

@@ -41,6 +41,10 @@ class EagleDraftConfig(DraftConfig):
     freeze_lm_head: bool = False  # keep the lm_head at the target's rows (needs init_from_target); saves its weight-grad GEMM
     freeze_embeddings: Optional[bool] = None  # embeddings copied from the target; null = the family's default (eagle3 frozen, peagle trained)
     init_from_target: bool = True  # lm_head rows + final norm from the target, fc passes the deepest aux through
+    # start layer 0 from this target decoder layer (negative counts from the end; null = random): its attention,
+    # norms and MLP, q/k/v on both halves of the fused input; the layer whose id is the deepest aux layer reads
+    # the state init_from_target's fc passes through
+    init_layer_from_target: Optional[int] = None
     # Qwen3-shaped layers: an RMSNorm over each head's q and k before RoPE, as Qwen3's own attention (speculators
     # reports +3-7% acceptance length over the Llama-shaped layer); served as vLLM's Eagle3Qwen3ForCausalLM
     qk_norm: bool = False

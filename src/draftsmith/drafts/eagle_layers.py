@@ -30,7 +30,7 @@ from .eagle_config import EagleConfig
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 __all__ = ["Eagle3Attention", "Eagle3DecoderLayer", "Eagle3Model", "add_eagle_modules", "set_vocab_map",
-           "draft_to_target", "load_target_embeddings", "init_from_target", "combine", "compute_logits",
+           "draft_to_target", "load_target_embeddings", "init_from_target", "init_layer_from_target", "combine", "compute_logits",
            "attach_target"]
 
 
@@ -195,6 +195,50 @@ def init_from_target(self, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor
             fc[:, -ht:].copy_(torch.eye(ht, dtype=fc.dtype))
 
 
+@torch.no_grad()
+def init_layer_from_target(self, weights: dict[str, torch.Tensor]) -> list[str]:
+    """Start layer 0 as one of the target's decoder layers (``weights``: targets/runner.py
+    decoder_layer_weights, Llama names). The draft has the target's heads, head_dim and (by default) MLP
+    width, so every tensor but q/k/v fits as it is. q/k/v read the fused x = [input_layernorm(e),
+    hidden_norm(h)] (2H): both H-wide column halves take the target's (out, H) projection, so at step 0
+
+        q = W_q (input_layernorm(e) + hidden_norm(h))
+
+    i.e. the layer reads the sum of the two normed streams the way the target layer reads its residual
+    stream; both input norms take the target's input_layernorm. With init_from_target's fc, h starts as
+    the deepest aux state, which the target layer of that id reads in the target. Returns the names
+    copied (an MoE layer has no dense mlp.*; q/k norms only when both have them)."""
+    layer, h = self.model.layers[0], self.cfg.hidden_size
+    attn = layer.self_attn
+    pairs = {"self_attn.o_proj.weight": attn.o_proj.weight,
+             "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+             "mlp.gate_proj.weight": layer.mlp.gate_proj.weight, "mlp.up_proj.weight": layer.mlp.up_proj.weight,
+             "mlp.down_proj.weight": layer.mlp.down_proj.weight}
+    if hasattr(attn, "q_norm"):
+        pairs.update({"self_attn.q_norm.weight": attn.q_norm.weight, "self_attn.k_norm.weight": attn.k_norm.weight})
+    fused = {"self_attn.q_proj.weight": attn.q_proj.weight, "self_attn.k_proj.weight": attn.k_proj.weight,
+             "self_attn.v_proj.weight": attn.v_proj.weight}
+    for name, dst in [*fused.items(), *pairs.items()]:
+        src = weights.get(name)
+        if src is None:
+            continue
+        want = (dst.shape[0], h) if name in fused else tuple(dst.shape)
+        if tuple(src.shape) != want:
+            raise ValueError(f"draft.init_layer_from_target: the target layer's {name} is {tuple(src.shape)} but the "
+                             f"draft's needs {want}; leave draft.intermediate_size at 0 (the target's width) or set "
+                             f"draft.init_layer_from_target: null")
+    copied = []
+    for name, dst in [*fused.items(), *pairs.items()]:
+        if name in weights:
+            src = weights[name].to(dst.dtype)
+            dst.copy_(torch.cat([src, src], dim=1) if name in fused else src)
+            copied.append(name)
+    norm = weights["input_layernorm.weight"].to(layer.input_layernorm.weight.dtype)
+    layer.input_layernorm.weight.copy_(norm)
+    layer.hidden_norm.weight.copy_(norm)
+    return copied + ["input_layernorm.weight"]
+
+
 def combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
     """aux_hidden (B, T, n, Ht) (or already concatenated (B, T, n*Ht)) -> (B, T, H) via fc_norm_i, fc."""
     if aux_hidden.dim() == 3:
@@ -226,11 +270,13 @@ def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- training contract
 def attach_target(model: nn.Module, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, freeze_default: bool) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, freeze_default: bool,
+                  layer: Callable[[int], dict] | None = None) -> None:
     """The family contract's attach_target for a draft built by :func:`add_eagle_modules`: copy the target's
     embeddings (frozen per ``draft.freeze_embeddings``, the family's ``freeze_default`` when it is null),
-    install the vocab map, and with ``draft.init_from_target`` start from the target's lm_head rows and
-    final norm."""
+    install the vocab map, with ``draft.init_from_target`` start from the target's lm_head rows and
+    final norm, and with ``draft.init_layer_from_target`` start layer 0 from that target layer
+    (``layer(index)``: its weights, :func:`init_layer_from_target`)."""
     freeze = freeze_default if draft.freeze_embeddings is None else draft.freeze_embeddings
     model.load_target_embeddings(embeddings, freeze=freeze)
     if model.cfg.pruned:
@@ -238,6 +284,10 @@ def attach_target(model: nn.Module, draft: Any, *, embeddings: torch.Tensor,
     if draft.init_from_target:
         lm_head, final_norm = head()
         model.init_from_target(lm_head, vocab.draft_ids, final_norm)
+    if draft.init_layer_from_target is not None:
+        if layer is None:
+            raise ValueError("draft.init_layer_from_target is set but no target layer weights were given to attach_target")
+        model.init_layer_from_target(layer(draft.init_layer_from_target))
     # frozen: the target's own read-out rows stay (speculators does so), and the backward skips the
     # lm_head weight-grad GEMM, the largest of a CPU step; EagleDraftConfig requires init_from_target for it
     model.lm_head.weight.requires_grad_(not draft.freeze_lm_head)

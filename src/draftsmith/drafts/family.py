@@ -131,7 +131,7 @@ class FamilyCode:
     config_from_export: Callable[[dict], Any]  # config.json -> Config
     Model: type  # Model(config): nn.Module with supervised(sup), export_config(...), cfg
     Proposer: type  # Proposer(model): the offline proposer (drafts/proposer.py)
-    attach_target: Callable[..., None]  # (model, draft, *, embeddings, head, vocab)
+    attach_target: Callable[..., None]  # (model, draft, *, embeddings, head, vocab, layer)
     load_exported: Callable[..., Any]  # (config, state, target_embeddings[, target_lm_head]) -> Model
     layer_ids_from_export: Callable[[dict], list]  # config.json -> engine layer ids
     summarize: Callable[[dict], dict]  # metric sums -> summary

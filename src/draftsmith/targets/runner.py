@@ -85,6 +85,37 @@ class CheckpointWeights:
             return sf.get_tensor(key)
 
 
+# One decoder layer's tensors under Llama's names (Qwen3 adds q_norm/k_norm; Mistral, Qwen2 and Gemma use the
+# same names; an MoE layer has no dense mlp.*). The first five are what any attention layer has.
+LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.o_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                 "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+
+
+def decoder_layer_weights(path: Path, index: int, num_layers: int, norm_offset: float = 0.0) -> dict[str, Tensor]:
+    """Target decoder layer ``index`` (negative counts from the end) read from the checkpoint at ``path``:
+    {name in :data:`LAYER_TENSORS` -> tensor} for the names it has. Norm weights come back as the plain
+    RMSNorm's (``w + norm_offset``: Gemma's ``(1 + w)`` norms). A TargetError names the key and the fix
+    when the index is out of range or the layer has no attention projections under these names."""
+    i = index + num_layers if index < 0 else index
+    if not 0 <= i < num_layers:
+        raise TargetError(f"draft.init_layer_from_target: {index} is not a decoder layer of this target "
+                          f"({num_layers} layers: 0..{num_layers - 1}, or -1..-{num_layers} from the end)")
+    weights = CheckpointWeights(path)
+    found = {name: weights.find(f"layers.{i}.{name}") for name in LAYER_TENSORS}
+    missing = [n for n in LAYER_TENSORS[:5] if found[n] is None]
+    if missing:
+        raise TargetError(f"draft.init_layer_from_target: layer {i} of {path} has no {', '.join(missing)} "
+                          f"(model.layers.{i}.* under Llama's names); set draft.init_layer_from_target: null")
+    out = {}
+    for name, key in found.items():
+        if key is not None:
+            w = weights.get(key).float()
+            out[name] = w + norm_offset if name.endswith("norm.weight") else w
+    return out
+
+
 def target_info(path: Path, dtype: str, tied: bool) -> TargetInfo:
     """:class:`TargetInfo` from ``config.json`` (same fields the hf engine reports)."""
     from transformers import AutoConfig

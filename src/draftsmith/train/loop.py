@@ -31,7 +31,8 @@ from draftsmith.drafts import get_family
 from draftsmith.inputs import (aux_layer_ids, aux_order_note, check_target_rope, engine_options, resolve_template_kwargs,
                                split_rows)
 from draftsmith.targets import Batch, TargetInfo, check_engine, open_engine
-from draftsmith.targets.contract import supervision_kind, supervision_tensors, supervision_to
+from draftsmith.targets.contract import TargetError, supervision_kind, supervision_tensors, supervision_to
+from draftsmith.targets.runner import decoder_layer_weights
 from draftsmith.train import checkpoint as ckpt
 from draftsmith.train import held_out, packing, parallel
 from draftsmith.train.held_out import Best, add_sums
@@ -129,7 +130,8 @@ class Trainer:
         from draftsmith.models import resolve_target
 
         cfg = self.cfg
-        target_path = resolve_target(cfg.target.path)  # the remote engine needs it for the tokenizer only
+        # the remote engine needs it for the tokenizer only (and draft.init_layer_from_target for one layer's weights)
+        self.target_path = target_path = resolve_target(cfg.target.path)
         check_target_rope(target_path)  # before the engine loads the weights
         self.engine = open_engine(cfg.target.engine, target_path, dtype=cfg.target.dtype, device=str(self.device),
                                   **engine_options(cfg))
@@ -169,11 +171,15 @@ class Trainer:
         self.draft = build_draft(self.cfg, self.info, self.vocab, self.aux_ids)
         if hasattr(self.draft, "activation_checkpointing"):  # a memory knob of multi-layer drafts, not their math
             self.draft.activation_checkpointing = self.cfg.train.activation_checkpointing
-        self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
-                                  # a (1 + w) final norm (Gemma) is the plain norm of weight w + 1, which the draft's norm is
-                                  head=lambda: (self.engine.lm_head_weight(),
-                                                self.engine.final_norm_weight() + self.info.norm_offset),
-                                  vocab=self.vocab)
+        info = self.info
+        try:  # a target whose weights do not fit the draft: one line naming the key, not a traceback
+            self.family.attach_target(self.draft, self.cfg.draft, embeddings=self.engine.embeddings(),
+                                      # a (1 + w) final norm (Gemma) is the plain norm of weight w + 1, which the draft's norm is
+                                      head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight() + info.norm_offset),
+                                      vocab=self.vocab,
+                                      layer=lambda i: decoder_layer_weights(self.target_path, i, info.num_layers, info.norm_offset))
+        except (ValueError, TargetError) as e:
+            raise ConfigError([str(e)]) from None
         self.draft.to(self.device)
 
     def _build_optimizer(self) -> None:

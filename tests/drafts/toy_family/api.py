@@ -112,7 +112,7 @@ def config_from_export(config: dict) -> ToyConfig:
 
 
 def attach_target(model: ToyDraft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, layer: Any = None) -> None:
     model.attach(embeddings, head()[0])
 
 

@@ -78,7 +78,7 @@ summarize, scalars, describe = dflash.summarize, dflash.scalars, dflash.describe
 
 
 def attach_target(model: JetSpecDraft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, layer: Any = None) -> None:
     """DFlash's (embeddings, lm_head) plus the target's final norm: the KD teacher's head."""
     lm_head, norm = head()
     model.attach_target(embeddings, lm_head)

@@ -51,7 +51,7 @@ class DFlashDraft(BlockDraft):
 
 # ---------------------------------------------------------------------------------- training contract
 def attach_target(model: DFlashDraft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, layer: Any = None) -> None:
     """Borrow the target's embeddings and lm_head (DFlash predicts the full target vocab)."""
     lm_head, _ = head()
     model.attach_target(embeddings, lm_head)

@@ -154,7 +154,7 @@ class DSparkDraft(BlockDraft):
 
 
 def attach_target(model: DSparkDraft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any, layer: Any = None) -> None:
     """Borrow the target's embeddings and lm_head, and keep its final norm: the TV loss's target
     distribution is the target's own, rebuilt from its last state (``dflash_kd`` supervision)."""
     lm_head, norm = head()

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import eagle_layers
 from ..chunked import attention_rows
-from ..eagle_layers import (add_eagle_modules, combine, compute_logits, draft_to_target, init_from_target,
+from ..eagle_layers import (add_eagle_modules, combine, compute_logits, draft_to_target, init_from_target, init_layer_from_target,
                             load_target_embeddings, set_vocab_map)
 from ..eagle_summary import position_summary, simulated_tau
 from ..layers import LossParts, RowGenerators, document_positions
@@ -99,6 +99,7 @@ class Eagle3Draft(nn.Module):
     draft_to_target = draft_to_target
     load_target_embeddings = load_target_embeddings
     init_from_target = init_from_target
+    init_layer_from_target = init_layer_from_target
     combine = combine
     compute_logits = compute_logits
     logits_fn = logits_fn
@@ -255,10 +256,11 @@ class Eagle3Draft(nn.Module):
 
 # ---------------------------------------------------------------------------------- training contract
 def attach_target(model: Eagle3Draft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any,
+                  layer: Callable[[int], dict] | None = None) -> None:
     """The EAGLE layout's (eagle_layers.attach_target) with EAGLE-3's default: embeddings frozen."""
     eagle_layers.attach_target(model, draft, embeddings=embeddings, head=head, vocab=vocab,
-                               freeze_default=FREEZE_EMBEDDINGS)
+                               freeze_default=FREEZE_EMBEDDINGS, layer=layer)
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:

@@ -291,6 +291,7 @@ class PEagleDraft(PEagleInference, nn.Module):
     draft_to_target = eagle_layers.draft_to_target
     load_target_embeddings = eagle_layers.load_target_embeddings
     init_from_target = eagle_layers.init_from_target
+    init_layer_from_target = eagle_layers.init_layer_from_target
     combine = eagle_layers.combine
     compute_logits = eagle_layers.compute_logits
 
@@ -419,10 +420,12 @@ class PEagleDraft(PEagleInference, nn.Module):
 
 # ---------------------------------------------------------------------------------- training contract
 def attach_target(model: PEagleDraft, draft: Any, *, embeddings: torch.Tensor,
-                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any) -> None:
-    """The EAGLE layout's (embeddings, vocab map, lm_head rows + final norm), but embeddings train by default."""
+                  head: Callable[[], tuple[torch.Tensor, torch.Tensor]], vocab: Any,
+                  layer: Callable[[int], dict] | None = None) -> None:
+    """The EAGLE layout's (embeddings, vocab map, lm_head rows + final norm, layer 0 from a target layer when
+    asked), but embeddings train by default."""
     eagle_layers.attach_target(model, draft, embeddings=embeddings, head=head, vocab=vocab,
-                               freeze_default=FREEZE_EMBEDDINGS)
+                               freeze_default=FREEZE_EMBEDDINGS, layer=layer)
 
 
 def summarize(sums: dict[str, torch.Tensor]) -> dict:
