@@ -10,7 +10,9 @@ import torch
 from draftsmith.drafts.eagle3.config import Eagle3Config
 from draftsmith.drafts.eagle3.model import Eagle3Draft
 from draftsmith.targets.contract import TargetError
-from draftsmith.targets.runner import decoder_layer_weights
+from dataclasses import replace
+
+from draftsmith.targets.runner import decoder_layer_weights, target_info
 from fixtures import make_tiny_llama, make_tokenizer
 
 LAYERS, HIDDEN = 4, 64
@@ -20,6 +22,11 @@ LAYERS, HIDDEN = 4, 64
 def target(tmp_path_factory):
     return make_tiny_llama(tmp_path_factory.mktemp("init_layer") / "target", make_tokenizer("chatml"),
                            num_layers=LAYERS, hidden=HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def info(target):
+    return target_info(target, "float32", tied=False)
 
 
 def draft_like(model, **over) -> Eagle3Draft:
@@ -34,7 +41,7 @@ def draft_like(model, **over) -> Eagle3Draft:
 
 
 @pytest.mark.parametrize("index", [1, -2])
-def test_step_0_is_the_target_layer_on_the_stream_it_reads(target, index):
+def test_step_0_is_the_target_layer_on_the_stream_it_reads(target, info, index):
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(target).eval()
@@ -43,7 +50,7 @@ def test_step_0_is_the_target_layer_on_the_stream_it_reads(target, index):
     with torch.no_grad():
         states = model(ids, output_hidden_states=True).hidden_states  # L + 1 of (B, T, H); [i] enters layer i
     d = draft_like(model)
-    copied = d.init_layer_from_target(decoder_layer_weights(target, index, LAYERS))
+    copied = d.init_layer_from_target(decoder_layer_weights(target, index, info))
     assert sorted(copied) == sorted(["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                      "self_attn.o_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
                                      "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"])
@@ -58,9 +65,9 @@ def test_step_0_is_the_target_layer_on_the_stream_it_reads(target, index):
     assert torch.equal(d.model.layers[0].input_layernorm.weight, d.model.layers[0].hidden_norm.weight)
 
 
-def test_norm_offset_and_qk_norms(target):
-    plain = decoder_layer_weights(target, 0, LAYERS)
-    gemma = decoder_layer_weights(target, 0, LAYERS, norm_offset=1.0)  # (1 + w) norms: the plain norm of w + 1
+def test_norm_offset_and_qk_norms(target, info):
+    plain = decoder_layer_weights(target, 0, info)
+    gemma = decoder_layer_weights(target, 0, replace(info, norm_offset=1.0))  # (1 + w) norms: the plain norm of w + 1
     assert torch.equal(gemma["input_layernorm.weight"], plain["input_layernorm.weight"] + 1)
     assert torch.equal(gemma["self_attn.q_proj.weight"], plain["self_attn.q_proj.weight"])
     from transformers import LlamaForCausalLM
@@ -73,11 +80,11 @@ def test_norm_offset_and_qk_norms(target):
     assert "self_attn.q_norm.weight" not in d.init_layer_from_target(plain)  # a Llama target: the norms stay at 1
 
 
-def test_bad_index_and_shapes_name_the_key(target):
+def test_bad_index_and_shapes_name_the_key(target, info):
     with pytest.raises(TargetError, match=r"draft.init_layer_from_target: 4 is not a decoder layer .*0..3"):
-        decoder_layer_weights(target, 4, LAYERS)
+        decoder_layer_weights(target, 4, info)
     with pytest.raises(TargetError, match=r"-5 is not a decoder layer"):
-        decoder_layer_weights(target, -5, LAYERS)
+        decoder_layer_weights(target, -5, info)
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(target)
@@ -85,5 +92,5 @@ def test_bad_index_and_shapes_name_the_key(target):
     before = narrow.model.layers[0].self_attn.q_proj.weight.clone()
     with pytest.raises(ValueError, match=r"mlp.gate_proj.weight is \(\d+, 64\) but the draft's needs \(32, 64\); "
                                          r"leave draft.intermediate_size at 0"):
-        narrow.init_layer_from_target(decoder_layer_weights(target, 0, LAYERS))
+        narrow.init_layer_from_target(decoder_layer_weights(target, 0, info))
     assert torch.equal(narrow.model.layers[0].self_attn.q_proj.weight, before)  # checked before anything is copied

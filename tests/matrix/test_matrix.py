@@ -137,6 +137,55 @@ def test_hf_features_and_rebuilt_logits_are_the_targets_own(runs, name):
         assert (plain - out.logits).abs().max() > 1e-2, name
 
 
+# rows whose decoder layer is Llama's math under Llama's names (Phi-3's fused projections split): the draft's
+# step 0 over (zero embedding, the stream entering layer i) is that layer exactly. The others differ in math
+# the draft layer does not have (q/k/v bias, Granite's multipliers, Gemma's extra norms, MoE, sinks).
+EXACT_LAYER_ROWS = {"llama3.1", "llama3.2", "qwen3", "mistral", "phi3"}
+
+
+@pytest.mark.parametrize("name", ROW_NAMES)
+def test_draft_layer_0_starts_from_a_target_layer(runs, name):
+    """draft.init_layer_from_target on every row: the exact rows' step 0 is target layer 2 on the stream it
+    reads (hidden_states[2] -> [3]); the rest copy the attention projections; MLA is refused in one line."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.config import build_config
+    from draftsmith.drafts import get_family
+    from draftsmith.targets.contract import TargetError
+    from draftsmith.targets.runner import decoder_layer_weights, target_info
+    from fixtures import make_tokenizer
+
+    tok = make_tokenizer("chatml")
+    target = T.build(name, runs.root / "init_layer" / name, tok)
+    info = target_info(target, "float32", tied=False)
+    layer = 2
+    if name == "deepseek-v3":
+        with pytest.raises(TargetError, match=r"layer 2 of .* has no self_attn.k_proj.weight, self_attn.v_proj.weight "
+                                              r".*deepseek_v3 attention is not that shape\); set draft.init_layer_from_target: null"):
+            decoder_layer_weights(target, layer, info)
+        return
+    weights = decoder_layer_weights(target, layer, info)
+    fam = get_family("eagle3")
+    draft = replace(build_config({}).draft, qk_norm="self_attn.q_norm.weight" in weights, ttt_steps=1)
+    d = fam.Model(fam.config_from_target(info, draft, draft_vocab_size=info.vocab_size, num_layer_ids=1, layer_ids=[layer]))
+    copied = d.init_layer_from_target(weights)
+    q = weights["self_attn.q_proj.weight"]
+    assert torch.equal(d.model.layers[0].self_attn.q_proj.weight.detach(), torch.cat([q, q], 1)), name
+    assert ("mlp.gate_proj.weight" in copied) == (name not in ("qwen3-moe", "gpt-oss")), (name, copied)
+    if name not in EXACT_LAYER_ROWS:
+        return
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    ids = _batch(len(tok))[:, :9]
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+        d.model.embed_tokens.weight.zero_()  # input_layernorm(0) = 0: the fused input's embedding half is 0
+        d.model.fc.weight.copy_(torch.eye(info.hidden_size))
+        step = next(d.iter_steps(states[layer].unsqueeze(2), ids, steps=1, logits=False))
+    torch.testing.assert_close(step.hidden, states[layer + 1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ROW_NAMES)
 def test_eagle3_trains_exports_and_doctor_is_clean(runs, name):
     from draftsmith.serve.doctor import diagnose

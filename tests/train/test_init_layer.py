@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftsmith.config import ConfigError, build_config
-from draftsmith.targets.runner import decoder_layer_weights
+from draftsmith.targets.runner import decoder_layer_weights, target_info
 from draftsmith.train.loop import Trainer
 from fixtures import make_tiny_llama, make_tokenizer
 from test_loop import run_config, write_chats
@@ -18,7 +18,7 @@ def test_config_key_reaches_the_trainer(tmp_path):
     cfg = run_config(target, data, tmp_path / "run", draft={"init_layer_from_target": -1}, max_steps=1)
     cfg.target.aux_layer_ids = [1, 2, 3]
     t = Trainer(cfg, progress=False)
-    w = decoder_layer_weights(target, -1, 4)["mlp.down_proj.weight"]
+    w = decoder_layer_weights(target, -1, target_info(target, "float32", tied=False))["mlp.down_proj.weight"]
     assert torch.equal(t.draft.model.layers[0].mlp.down_proj.weight.detach().cpu(), w)
     bad = run_config(target, data, tmp_path / "bad", draft={"init_layer_from_target": 9}, max_steps=1)
     bad.target.aux_layer_ids = [1, 2, 3]

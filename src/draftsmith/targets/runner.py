@@ -85,34 +85,46 @@ class CheckpointWeights:
             return sf.get_tensor(key)
 
 
-# One decoder layer's tensors under Llama's names (Qwen3 adds q_norm/k_norm; Mistral, Qwen2 and Gemma use the
-# same names; an MoE layer has no dense mlp.*). The first five are what any attention layer has.
+# One decoder layer's tensors under Llama's names (Qwen3 and Gemma 3 add q_norm/k_norm; Mistral, Qwen2, Granite,
+# GPT-OSS use the same names; an MoE layer has no dense mlp.*). The first five are what any attention layer has.
 LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                  "self_attn.o_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
                  "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
                  "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+# Phi-3 stores fused projections: qkv_proj = [q; k; v] rows, gate_up_proj = [gate; up] rows
+FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+         "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
 
 
-def decoder_layer_weights(path: Path, index: int, num_layers: int, norm_offset: float = 0.0) -> dict[str, Tensor]:
+def decoder_layer_weights(path: Path, index: int, info: TargetInfo) -> dict[str, Tensor]:
     """Target decoder layer ``index`` (negative counts from the end) read from the checkpoint at ``path``:
-    {name in :data:`LAYER_TENSORS` -> tensor} for the names it has. Norm weights come back as the plain
-    RMSNorm's (``w + norm_offset``: Gemma's ``(1 + w)`` norms). A TargetError names the key and the fix
-    when the index is out of range or the layer has no attention projections under these names."""
-    i = index + num_layers if index < 0 else index
-    if not 0 <= i < num_layers:
+    {name in :data:`LAYER_TENSORS` -> fp32 tensor} for the names it has (fused Phi-3 projections split).
+    Norm weights come back as the plain RMSNorm's, ``w + info.norm_offset`` (Gemma's ``(1 + w)`` norms).
+    A TargetError names the key and the fix when the index is out of range or the layer has no attention
+    projections under these names (MLA: DeepSeek-V3)."""
+    n = info.num_layers
+    i = index + n if index < 0 else index
+    if not 0 <= i < n:
         raise TargetError(f"draft.init_layer_from_target: {index} is not a decoder layer of this target "
-                          f"({num_layers} layers: 0..{num_layers - 1}, or -1..-{num_layers} from the end)")
+                          f"({n} layers: 0..{n - 1}, or -1..-{n} from the end)")
     weights = CheckpointWeights(path)
-    found = {name: weights.find(f"layers.{i}.{name}") for name in LAYER_TENSORS}
-    missing = [n for n in LAYER_TENSORS[:5] if found[n] is None]
+    out: dict[str, Tensor] = {}
+    for name in (*LAYER_TENSORS, *FUSED):
+        key = weights.find(f"layers.{i}.{name}")
+        if key is None:
+            continue
+        w = weights.get(key).float()
+        if name in FUSED:  # split along the output rows: q (h*d), k and v (h_kv*d); gate and up (I each)
+            q, kv = info.num_attention_heads * info.head_dim, info.num_key_value_heads * info.head_dim
+            sizes = [q, kv, kv] if len(FUSED[name]) == 3 else [w.shape[0] // 2] * 2
+            out.update(zip(FUSED[name], w.split(sizes)))
+        else:
+            out[name] = w + info.norm_offset if name.endswith("norm.weight") else w
+    missing = [m for m in LAYER_TENSORS[:5] if m not in out]
     if missing:
         raise TargetError(f"draft.init_layer_from_target: layer {i} of {path} has no {', '.join(missing)} "
-                          f"(model.layers.{i}.* under Llama's names); set draft.init_layer_from_target: null")
-    out = {}
-    for name, key in found.items():
-        if key is not None:
-            w = weights.get(key).float()
-            out[name] = w + norm_offset if name.endswith("norm.weight") else w
+                          f"(model.layers.{i}.* under Llama's names; {info.model_type} attention is not that shape); "
+                          f"set draft.init_layer_from_target: null")
     return out
 
 

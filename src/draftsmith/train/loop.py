@@ -177,7 +177,7 @@ class Trainer:
                                       # a (1 + w) final norm (Gemma) is the plain norm of weight w + 1, which the draft's norm is
                                       head=lambda: (self.engine.lm_head_weight(), self.engine.final_norm_weight() + info.norm_offset),
                                       vocab=self.vocab,
-                                      layer=lambda i: decoder_layer_weights(self.target_path, i, info.num_layers, info.norm_offset))
+                                      layer=lambda i: decoder_layer_weights(self.target_path, i, info))
         except (ValueError, TargetError) as e:
             raise ConfigError([str(e)]) from None
         self.draft.to(self.device)
