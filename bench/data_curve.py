@@ -1,0 +1,175 @@
+"""What data buys: real tau against the number of distinct regenerated conversations, at a fixed number of steps.
+
+    .venv/bin/python bench/data_curve.py [--rows 36 72 145 291] [--steps 150] [--eval-every 25] [--patience 3]
+        [-k 1 3] [--prompts 6] [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--threads N] [--reuse]
+        [--out runs/bench/data_curve.json]
+
+The data and feature cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own greedy answers
+to ShareGPT first turns, built once and reused). Its conversations are shuffled once (seed 0): the first 24
+are the held-out split of every point (``data.eval_sources``, so every point is scored on the same rows),
+the rest is the training pool, and point N trains on the pool's first N (nested: each point's rows contain
+the smaller points'). Every point is the demo's recipe trained for the same --steps optimizer steps (so a
+small N runs many epochs, a large one few: the x axis is distinct conversations, not passes), with
+`train.keep_best` and `train.early_stop_patience` on, evaluated every --eval-every steps: the draft scored is
+the best held-out one, so more passes over a small set cannot make its point worse than it has to be.
+
+The y axis is real tau from `draftsmith eval` (exact verification with the HF target in fp32, greedy; equal
+to vLLM's) at each K on the first --prompts prompts of each --prompt-sets. The budget is steps, not seconds,
+so the figures do not depend on the machine's speed or load (pin with taskset and --threads anyway: the run
+is long). Prints the table and the least-squares slope of tau against log2(N), "tau per doubling of the
+data", the rule of thumb docs/benchmarks.md quotes; writes JSON and a PNG beside it. --reuse keeps the
+points an earlier run of the same settings finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the other benches)
+
+HELD_OUT = 24  # the demo's held-out split size
+
+
+def conversations(regen_dir: Path) -> list[dict]:
+    """Every conversation of a `draftsmith regenerate` output dir, in shard order."""
+    rows = []
+    for shard in sorted(regen_dir.glob("shard-*.jsonl")):
+        rows += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    return path
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys against log2(xs): tau gained per doubling of the data."""
+    lx = [math.log2(x) for x in xs]
+    mx, my = sum(lx) / len(lx), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in lx)
+    return sum((x - mx) * (y - my) for x, y in zip(lx, ys)) / den if den else float("nan")
+
+
+def plot(points: list[dict], keys: list[str], out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for key in keys:
+        ax.plot([p["rows"] for p in points], [p["real"][key]["tau"] for p in points], marker="o", label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("distinct training conversations (log2)")
+    ax.set_ylabel("real tau (exact eval == vLLM)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[36, 72, 145, 291],
+                    help="training conversations per point (nested prefixes of one shuffled pool)")
+    ap.add_argument("--steps", type=int, default=150, help="optimizer steps per point (equal for all)")
+    ap.add_argument("--eval-every", type=int, default=25, help="held-out evaluations for keep_best / early stop")
+    ap.add_argument("--patience", type=int, default=3, help="train.early_stop_patience (0: train every step)")
+    ap.add_argument("-k", type=int, nargs="+", default=[1, 3])
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--reuse", action="store_true", help="keep points an earlier run with the same settings finished")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "data_curve.json"))
+    args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    from draftsmith.config import build_config
+    from draftsmith.eval.offline import run_eval
+    from draftsmith.train.demo import demo_config, prepare_data
+    from draftsmith.train.loop import train
+
+    regen_dir, cache_dir, _ = prepare_data(progress=False)
+    root = Path(args.out).with_suffix("")
+    convs = conversations(regen_dir)
+    random.Random(0).shuffle(convs)
+    held_out, pool = convs[:HELD_OUT], convs[HELD_OUT:]
+    if max(args.rows) > len(pool):
+        raise SystemExit(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
+                         f"of {regen_dir} ({len(convs)} less {HELD_OUT} held out)")
+    held_file = write_jsonl(held_out, root / "held_out.jsonl")
+    prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
+    settings = {k: v for k, v in vars(args).items() if k not in ("rows", "reuse", "out", "threads")}
+    old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
+    done = {p["rows"]: p for p in old.get("points", []) if old.get("settings") == settings}
+    points = []
+    for n in sorted(args.rows):
+        if n in done:
+            points.append(done[n])
+            continue
+        run_dir = root / f"rows_{n}"
+        raw = demo_config(str(run_dir), [str(write_jsonl(pool[:n], root / f"train_{n}.jsonl"))],
+                          engine="cache", cache_dir=str(cache_dir))
+        raw["data"]["eval_sources"] = [str(held_file)]
+        raw["train"].update(epochs=10_000, max_steps=args.steps, eval_every=args.eval_every, keep_best=True,
+                            early_stop_patience=args.patience, log_every=25)
+        raw["output"]["tensorboard"] = False
+        t0 = time.perf_counter()
+        result = train(build_config(raw, f"data_curve:{n}"), progress=False)
+        point = {"rows": n, "steps": result.step, "tokens": result.tokens, "epochs": result.epoch,
+                 "train_s": round(time.perf_counter() - t0, 1),
+                 "best_step": result.best.step if result.best else None,
+                 "held_out_tau": result.best.score if result.best else None, "real": {}}
+        # the best held-out checkpoint (keep_best), else the last one
+        draft = result.best.checkpoint if result.best and result.best.checkpoint else result.checkpoint
+        for s in args.prompt_sets:
+            for k in args.k:
+                o = run_eval(target="smollm2", draft=str(draft),
+                             prompts=str(prompt_files[s]), k=k, max_new_tokens=args.max_new_tokens,
+                             dtype="float32", plain=False, progress=False)["overall"]
+                point["real"][f"{s}@K{k}"] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
+        points.append(point)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+        print(f"rows {n}: {result.step} steps ({result.epoch} epochs), best step {point['best_step']}, "
+              + "  ".join(f"{key} {v['tau']:.3f}" for key, v in point["real"].items()), flush=True)
+
+    keys = list(points[0]["real"])
+    print("\n| conversations | steps | epochs | best step | held-out sim tau | " + " | ".join(keys) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(keys))
+    for p in points:
+        held = f"{p['held_out_tau']:.3f}" if p["held_out_tau"] is not None else "-"
+        print(f"| {p['rows']} | {p['steps']} | {p['epochs']} | {p['best_step']} | {held} | "
+              + " | ".join(f"{p['real'][k]['tau']:.3f}" for k in keys) + " |")
+    print("\ntau per doubling of the distinct conversations (least squares over log2 N):")
+    for k in keys:
+        print(f"  {k}: {slope([p['rows'] for p in points], [p['real'][k]['tau'] for p in points]):+.3f}")
+    png = Path(args.out).with_suffix(".png")
+    plot(points, keys, png, f"demo recipe, {args.steps} steps a point, best held-out checkpoint")
+    Path(args.out).write_text(json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+    print(f"\nJSON: {args.out}\nPNG: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
