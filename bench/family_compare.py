@@ -45,6 +45,7 @@ ARMS: dict[str, tuple] = {
     # issue 38's lever, layer 0 started from a target decoder layer: 27, the layer that reads the deepest aux state
     # (the one init_from_target's fc passes through), `--arms eagle3 eagle3_layer`
     "eagle3_layer": (None, {"init_layer_from_target": 27}, (1, 3)),
+    "eagle3_llama_layer": (None, {"qk_norm": False, "init_layer_from_target": 27}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
