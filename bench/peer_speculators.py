@@ -218,14 +218,18 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(venv: Path, skip_install: bool) -> tuple[Path, float]:
-    """speculators' own venv (module docstring, step 1); (its python, seconds spent installing)."""
+def ensure_venv(venv: Path, skip_install: bool, package: str = SPECULATORS,
+                modules: Sequence[str] = ("speculators", "hs_connectors"), who: str = "peer_speculators") -> tuple[Path, float]:
+    """A peer's own venv (module docstring, step 1): ``package`` (a pip requirement, pinned) installed
+    after ``TORCH`` and with ``TORCH`` as the constraint, then ``DROP`` uninstalled; ``modules`` must
+    import beside transformers. (its python, seconds spent installing). bench/peer_modelopt.py uses
+    it for ModelOpt."""
     py = venv_python(venv)
     if (venv / VENV_MARK).is_file():
         return py, 0.0
     if skip_install:
         if not py.is_file():
-            raise SystemExit(f"peer_speculators: --skip-install but {py} does not exist; run once without it")
+            raise SystemExit(f"{who}: --skip-install but {py} does not exist; run once without it")
         return py, 0.0
     t = time.perf_counter()
     if not py.is_file():
@@ -233,14 +237,15 @@ def ensure_venv(venv: Path, skip_install: bool) -> tuple[Path, float]:
     constraints = venv / "constraints.txt"
     constraints.write_text(TORCH + "\n")
     pip = [str(py), "-m", "pip", "install", "-q"]
-    print(f"peer_speculators: installing {SPECULATORS} into {venv} (pinned {TORCH})", flush=True)
+    print(f"{who}: installing {package} into {venv} (pinned {TORCH})", flush=True)
     subprocess.run(pip + [TORCH], check=True)
-    subprocess.run(pip + ["-c", str(constraints), SPECULATORS], check=True)
+    subprocess.run(pip + ["-c", str(constraints), package], check=True)
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *DROP], check=False)
-    probe = ("import torch, speculators, hs_connectors, transformers; from importlib.metadata import version; "
-             "assert torch.__version__.startswith('2.13.0'), torch.__version__; print(version('speculators'))")
+    dist = package.split("==")[0].split("[")[0]
+    probe = (f"import torch, transformers, {', '.join(modules)}; from importlib.metadata import version; "
+             f"assert torch.__version__.startswith('2.13.0'), torch.__version__; print(version({dist!r}))")
     out = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True).stdout.strip()
-    (venv / VENV_MARK).write_text(json.dumps({"speculators": out, "torch": TORCH}) + "\n")
+    (venv / VENV_MARK).write_text(json.dumps({dist: out, "torch": TORCH}) + "\n")
     return py, time.perf_counter() - t
 
 
@@ -461,9 +466,11 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
 
 # ---------------------------------------------------------------------------------------------- serving
 def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int]]], ks: Sequence[int],
-              max_tokens: int, log_dir: Path, dtype: str, serve: Sequence[str] = SERVED) -> list[dict]:
-    """no speculation, ngram K=3, then per K ours and speculators' (those of ``serve``: no speculation
-    always); one server each, every set on it."""
+              max_tokens: int, log_dir: Path, dtype: str, serve: Sequence[str] = SERVED,
+              peer_label: str = "speculators") -> list[dict]:
+    """no speculation, ngram K=3, then per K ours and the peer's (those of ``serve``: no speculation
+    always); one server each, every set on it. The peer's checkpoint directory is an EAGLE-3 draft vLLM
+    reads itself (``peer_label``: speculators here, modelopt in bench/peer_modelopt.py)."""
     from draftsmith.eval.baselines import spec as baseline_spec
     from draftsmith.eval.speedup import serve_prompt_sets
     from draftsmith.serve.process import free_port
@@ -474,13 +481,13 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
     draft = resolve_draft(str(ours))
     configs: list[tuple[str, str, int, Any]] = [("none", "none", 0, None), ("ngram K=3", "ngram", 3, None)]
     for k in ks:
-        configs += [(f"draftsmith K={k}", "draftsmith", k, None), (f"speculators K={k}", "speculators", k, None)]
+        configs += [(f"draftsmith K={k}", "draftsmith", k, None), (f"{peer_label} K={k}", peer_label, k, None)]
     results = []
     for name, label, k, _ in [c for c in configs if c[1] == "none" or c[1] in serve]:
         port = free_port()
         if label == "draftsmith":
             argv = plan_vllm(target, draft, k=k, port=port, **common).argv
-        elif label == "speculators":
+        elif label == peer_label:
             argv = vllm_argv(target, {"method": "eagle3", "model": str(peer), "num_speculative_tokens": k},
                              port=port, **common)
         elif label == "ngram":
