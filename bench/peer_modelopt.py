@@ -28,7 +28,7 @@ phase timed; the times land in the JSON's ``phases_s``):
    ``<data>/d2t.pt``: its draft vocab by its own rule (``modelopt.torch.speculative.utils.
    calibrate_frequent_vocab``: the ``--draft-vocab-size`` most common tokens of the whole rendered
    train conversations, ``d2t[i] = token - i``); that function asserts when the text holds fewer
-   distinct tokens than the draft vocab (the demo's train rows hold about 8,100 < 8,192), so the rest is
+   distinct tokens than the draft vocab (the demo's 291 train rows hold 7,814 < 8,192), so the rest is
    filled with unseen token ids in id order (they are never a target's argmax in these rows). Only the
    train rows are written: its offline data module builds no validation set and its recipe has
    ``do_eval: false``. Same bytes as ours (the cache's dtype), no target pass.
@@ -45,17 +45,17 @@ phase timed; the times land in the JSON's ``phases_s``):
    10,000, EAGLE-3 fc over the aux states + separate input/hidden RMSNorms + a final norm, the
    target's embeddings frozen, a fresh draft lm_head, 3 TTT steps, loss = soft cross-entropy against
    the target's softmax over the draft vocab, step i weighted 0.9^i, loss on every token
-   (``answer_only_loss: false``), HF defaults otherwise: AdamW (torch) lr 1e-4, betas (0.9, 0.999),
-   weight decay 0, grad clip 1.0, linear schedule with 1,000 warmup steps, batch 1, every row padded or
-   cut to ``training_seq_len`` 2,048, bf16, 1 epoch, seed 42, ``torch.compile`` of its eagle forward and
-   loss. Plus what this machine and this comparison need (dotlist overrides, no patch):
+   (``answer_only_loss: false``), HF defaults otherwise: AdamW (``adamw_torch_fused``) lr 1e-4, betas
+   (0.9, 0.999), weight decay 0, grad clip 1.0, linear schedule with 1,000 warmup steps, batch 1,
+   every row padded or cut to ``training_seq_len`` 2,048 (the demo's rows average 415 tokens: ~80% of
+   each step is padding), bf16, 1 epoch, seed 42, ``torch.compile`` of its eagle forward and loss.
+   Plus what this machine and this comparison need (dotlist overrides, no patch):
 
    - precision (``--peer-precision``, default ``match``): ours, i.e. fp32 on a CPU without native bf16
      (``draftsmith.train.precision``: AVX2 emulates bf16 ~30x slower), so the launcher loads the target
      in float32 (the draft follows the target's dtype) and sets ``training.bf16=false``; bf16 (its
      recipe: the target's bf16 weights and bf16 autocast) where our side trains in bf16 or with
      ``--peer-precision bf16``;
-
    - ``training.use_cpu=true``, ``training.tf32=false``: transformers refuses bf16 without a GPU unless
      ``use_cpu``, and tf32 raises without an Ampere GPU;
    - ``eagle_architecture_config.draft_vocab_size`` = ours (8,192) with ``data.draft_vocab_cache`` (step 4);
@@ -68,7 +68,10 @@ phase timed; the times land in the JSON's ``phases_s``):
      mid-run saves would land inside W; at save_steps 8,192 none would happen anyway);
    - ``training.report_to=none``, ``training.disable_tqdm=true``: no tracker, a quiet log;
    - ``--peer-arch target`` (not the default) replaces its Llama-3-8B layer shape by the target's
-     (intermediate 1,536, 9 heads x 64, 3 KV heads, rope theta from the target), our draft's shape;
+     (intermediate 1,536, 9 heads x 64, 3 KV heads, rope theta from the target), our draft's shape:
+     9.8 M trainable parameters instead of 39.9 M; one uncompiled fp32 step (2,048 padded positions,
+     3 TTT steps) took 75 s against 272 s with its default layer on one shared core (2026-12-05, load
+     ~5 on 2 cores);
    - ``eagle_use_torch_compile=false`` (``--peer-compile``, default ``off``): its recipe compiles the
      eagle forward (``mode="max-autotune"``) and loss; on this CPU inductor's autotuning alone took
      ~140 s and the first step 570 s of wall (the target-shaped layer, one shared core, 2026-12-05)
@@ -96,8 +99,9 @@ phase timed; the times land in the JSON's ``phases_s``):
      ``model.safetensors`` (the draft layer, fc, norms, draft lm_head, d2t) and ``config.json``
      (``LlamaForCausalLMEagle3``, ``eagle_config`` with the aux ids, ``draft_vocab_size``) with its
      default ``eagle_export_rope_scaling`` injected (YaRN factor 32 over 2,048 positions: its recipe
-     trains with plain rope and exports YaRN "for long context"; vLLM applies it to the draft;
-     ``--peer-export-rope default`` exports the rope it trained with instead).
+     trains with plain rope and exports YaRN "for long context"; vLLM applies it to the draft, with
+     transformers warning that factor 32 disagrees with max_position_embeddings / 2,048 = 4 and keeping
+     32; ``--peer-export-rope default`` exports the rope it trained with instead).
 
 6. **Serving**: bench/peer_speculators.py's step 6 with ModelOpt's ``export/`` directory in the
    speculators slot (``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}``; vLLM 0.32
