@@ -1,6 +1,6 @@
 """Side by side with speculators 0.9.0: the same rows and features, the same wall time, the same vLLM.
 
-    .venv/bin/python bench/peer_speculators.py [--wall-s 1200] [-k 1 3] [--prompts 8] [--max-tokens 96]
+    .venv/bin/python bench/peer_speculators.py [--family eagle3|dflash] [--wall-s 1200] [-k 1 3] [--prompts 8] [--max-tokens 96]
         [--prompt-sets mt_bench mixed] [--skip-install] [--reuse] [--out runs/bench/peer_speculators.json]
 
 What it does, in order (each phase timed; the times land in the JSON's ``phases_s``):
@@ -78,6 +78,33 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
    tokens/s, tau = 1 + accepted / drafts and the acceptance rate per draft position from the /metrics
    counter diffs, and whether the tokens equal no speculation's.
 
+**--family dflash** (default ``eagle3``: everything above) compares DFlash block drafts the same way.
+speculators 0.9.0 has a DFlash trainer (``speculators/models/dflash/``, ``--speculator-type dflash``; also
+``dflash2``, ``dspark``, ``xpress``, ``peagle``, ``mtp``). It reads exactly the EAGLE-3 offline layout of
+step 4 (its ArrowDataset gives every speculator type ``hidden_states`` = the aux states flattened and
+``verifier_last_hidden_states``; DFlash adds no shift and no extra features: the anchors' context is
+the three aux layers, the targets are the verifier's own logits, ``verifier_lm_head(verifier_norm(last))``
+at anchor + k - 1), so the conversion is the same bytes. The differences:
+
+- our side is bench/family_compare.py's ``dflash`` arm (examples/smollm2_dflash.yaml with block_size 8,
+  loss_decay_gamma 4: 3 bidirectional draft layers, 32 anchors per row, batch 4, full vocab through the
+  target's lm_head, AdamW lr 2e-3 cosine fitted to W, the demo's precision), ``--recipe`` must stay ``demo``;
+- speculators' default DFlash recipe: 5 Qwen3 draft layers, block_size 16, ``ce`` loss with D-PACE
+  per-position weights, up to 512 anchors per packed batch, Muon lr 1e-3, every draft layer
+  ``sliding_attention`` (window 2048, so the whole context here) and causal inside the block
+  (``sliding_window_non_causal`` false; vLLM's speculators reader maps that to ``dflash_config.causal``),
+  bf16 hidden states and autocast; ``--peer-block-size`` / ``--peer-max-anchors`` override its block and
+  anchors;
+- comparison settings: no ``--draft-vocab-size`` (the full verifier vocab, as ours: then it keeps the
+  verifier's frozen lm_head and does not save it), ``--mask-token-id 16`` (ours, SmolLM2's
+  ``<empty_output>``; its own resolution would fall back to the pad token, a real token, since SmolLM2's
+  tokenizer fills its vocab), ``--target-layer-ids 2 15 27`` as before;
+- serving: our draft as ``draftsmith serve vllm`` launches it (method ``dflash``), speculators' directory
+  as ``{"method": "dflash", "model": DIR, "num_speculative_tokens": K}`` (vLLM's speculators reader
+  ``update_dflash``: ``aux_hidden_state_layer_ids`` -> ``dflash_config.target_layer_ids`` - 1, its mask
+  token, causal); ``-k`` defaults to 1 3 7 (our block 8 drafts at most 7); ngram K=3 as before;
+- ``--out`` defaults to ``runs/bench/peer_speculators_dflash.json`` (its own work folder).
+
 Writes ``--out`` (JSON) and prints a markdown table: per prompt set and configuration tokens/s,
 speedup vs no speculation, real tau, acceptance per position; then each side's training steps,
 tokens and seconds, and whether our real tau >= speculators' at each K. Report as measured: the CPU,
@@ -111,6 +138,8 @@ VENV_MARK = ".draftsmith-peer-complete"
 DATA_MARK = "draftsmith_peer.json"
 PEER_LAYER_IDS = (2, 15, 27)  # speculators' default [2, n//2, n-3] for SmolLM2's 30 layers; the cache's too
 SERVED = ("ngram", "draftsmith", "speculators")  # configurations --serve picks from (no speculation always)
+FAMILIES = ("eagle3", "dflash")  # --family: speculators' --speculator-type and vLLM's method for its checkpoint
+PEER_DFLASH_BLOCK = 16  # speculators 0.9.0's --block-size default for dflash (train/config/schema.py)
 MAX_MODEL_LEN = 2048
 SERVE_EXTRA = ("--enforce-eager", "--seed", "0")
 
@@ -381,12 +410,19 @@ if __name__ == "__main__":  # DataLoader workers (spawn) re-import this file: no
 def peer_flags(target: str, data_dir: Path, save_dir: Path, ratio: float, args: argparse.Namespace) -> list[str]:
     """speculators train flags: its defaults, plus the CPU and comparison settings (module docstring, step 5)."""
     flags = ["--verifier-name-or-path", target, "--data-path", str(data_dir), "--save-path", str(save_dir),
-             "--log-dir", str(save_dir.parent / "logs"), "--speculator-type", "eagle3",
+             "--log-dir", str(save_dir.parent / "logs"), "--speculator-type", args.family,
              "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
-             "--draft-vocab-size", str(args.draft_vocab_size),
              "--target-layer-ids", *map(str, PEER_LAYER_IDS),
              "--total-seq-len", str(args.peer_total_seq_len), "--train-data-ratio", repr(ratio),
              "--num-workers", str(args.peer_num_workers), "--on-missing", "raise", "--no-resume-from-checkpoint"]
+    if args.family == "eagle3":
+        flags += ["--draft-vocab-size", str(args.draft_vocab_size)]
+    else:  # dflash: the full verifier vocab as ours (no --draft-vocab-size), our MASK token (module docstring)
+        flags += ["--mask-token-id", str(args.mask_token_id)]
+        if args.peer_block_size is not None:
+            flags += ["--block-size", str(args.peer_block_size)]
+        if args.peer_max_anchors is not None:
+            flags += ["--max-anchors", str(args.peer_max_anchors)]
     if args.peer_schedule == "fit":
         flags += ["--epochs", "50"]
     return flags
@@ -397,6 +433,8 @@ def train_peer(py: Path, target: str, data: dict, data_dir: Path, run_dir: Path,
     save_dir, summary = run_dir / "checkpoints", run_dir / "train_summary.json"
     settings = {"wall_s": args.wall_s, "schedule": args.peer_schedule, "total_seq_len": args.peer_total_seq_len,
                 "num_workers": args.peer_num_workers, "data": data["rows_sha256"]}
+    if args.family != "eagle3":  # an EAGLE-3 run's summary keeps its old settings, so --reuse still finds it
+        settings.update(family=args.family, block_size=args.peer_block_size, max_anchors=args.peer_max_anchors)
     if args.reuse and summary.is_file():
         have = json.loads(summary.read_text())
         if have.get("settings") == settings and Path(have.get("checkpoint", "")).is_dir():
@@ -433,10 +471,17 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     from draftsmith.train.loop import Trainer
     from recipe_sweep import variant_config
 
-    raw = variant_config(args.recipe, run_dir, regen_dir, cache_dir)
-    raw["train"]["max_time_s"] = float(args.wall_s)
-    raw["output"]["tensorboard"] = False
-    args.draft_vocab_size = raw["data"]["draft_vocab_size"]
+    if args.family == "eagle3":
+        raw = variant_config(args.recipe, run_dir, regen_dir, cache_dir)
+        raw["train"]["max_time_s"] = float(args.wall_s)
+        raw["output"]["tensorboard"] = False
+        args.draft_vocab_size = raw["data"]["draft_vocab_size"]
+    else:  # bench/family_compare.py's arm: the family's recipe on the demo's data and cache, max_time_s = W
+        from family_compare import arm_config
+
+        raw = arm_config(args.family, run_dir, regen_dir, cache_dir, args.wall_s)
+        args.mask_token_id = raw["draft"]["mask_token_id"]
+        args.our_block_size = raw["draft"]["block_size"]
     cfg = build_config(raw, "peer_speculators:draftsmith")
     summary = run_dir / "train_summary.json"
     settings = {"wall_s": args.wall_s, "config": raw}
@@ -467,10 +512,11 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
 # ---------------------------------------------------------------------------------------------- serving
 def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int]]], ks: Sequence[int],
               max_tokens: int, log_dir: Path, dtype: str, serve: Sequence[str] = SERVED,
-              peer_label: str = "speculators") -> list[dict]:
+              peer_label: str = "speculators", peer_method: str = "eagle3") -> list[dict]:
     """no speculation, ngram K=3, then per K ours and the peer's (those of ``serve``: no speculation
-    always); one server each, every set on it. The peer's checkpoint directory is an EAGLE-3 draft vLLM
-    reads itself (``peer_label``: speculators here, modelopt in bench/peer_modelopt.py)."""
+    always); one server each, every set on it. vLLM reads the peer's checkpoint directory itself with
+    method ``peer_method`` (eagle3 or dflash: the speculators format of either; ModelOpt's export is
+    eagle3); ``peer_label``: speculators here, modelopt in bench/peer_modelopt.py."""
     from draftsmith.eval.baselines import spec as baseline_spec
     from draftsmith.eval.speedup import serve_prompt_sets
     from draftsmith.serve.process import free_port
@@ -488,7 +534,7 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
         if label == "draftsmith":
             argv = plan_vllm(target, draft, k=k, port=port, **common).argv
         elif label == peer_label:
-            argv = vllm_argv(target, {"method": "eagle3", "model": str(peer), "num_speculative_tokens": k},
+            argv = vllm_argv(target, {"method": peer_method, "model": str(peer), "num_speculative_tokens": k},
                              port=port, **common)
         elif label == "ngram":
             argv = vllm_argv(target, baseline_spec("ngram", k), port=port, **common)
@@ -524,6 +570,8 @@ def main() -> int:
     import platformdirs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", choices=FAMILIES, default="eagle3",
+                    help="draft family both sides train: eagle3 (default) or dflash (module docstring, --family dflash)")
     ap.add_argument("--recipe", default="demo",
                     help="our side's recipe: demo (the demo's, default) or a bench/recipe_sweep.py variant (baseline: "
                          "the plain recipe, every knob off)")
@@ -531,7 +579,8 @@ def main() -> int:
                     help="which configurations to serve (no speculation always): e.g. --reuse --recipe best --serve "
                          "draftsmith retrains and serves our side only")
     ap.add_argument("--wall-s", type=float, default=1200.0, help="training seconds for each side (default 1200)")
-    ap.add_argument("-k", type=int, nargs="+", default=[1, 3], help="K for both drafts (default 1 3)")
+    ap.add_argument("-k", type=int, nargs="+", default=None,
+                    help="K for both drafts (default 1 3; with --family dflash 1 3 7)")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set, spread over its categories")
     ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -545,10 +594,25 @@ def main() -> int:
                     help="speculators' LR schedule: fit (linear over --wall-s) or default (over its 20 epochs)")
     ap.add_argument("--peer-total-seq-len", type=int, default=2048, help="speculators' packed batch length")
     ap.add_argument("--peer-num-workers", type=int, default=0, help="speculators' DataLoader workers")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "peer_speculators.json"))
+    ap.add_argument("--peer-block-size", type=int, default=None,
+                    help="--family dflash: speculators' --block-size (default: its own, 16 for dflash)")
+    ap.add_argument("--peer-max-anchors", type=int, default=None,
+                    help="--family dflash: speculators' --max-anchors per packed batch (default: its own, 512)")
+    ap.add_argument("--out", default=None, help="JSON report (default runs/bench/peer_speculators.json; with "
+                                                "--family dflash runs/bench/peer_speculators_dflash.json)")
     args = ap.parse_args()
+    if args.k is None:
+        args.k = [1, 3] if args.family == "eagle3" else [1, 3, 7]
+    if args.out is None:
+        args.out = str(ROOT / "runs" / "bench" / ("peer_speculators.json" if args.family == "eagle3"
+                                                  else f"peer_speculators_{args.family}.json"))
     if any(k < 1 for k in args.k):
         ap.error("-k: every K must be >= 1")
+    if args.family != "eagle3" and args.recipe != "demo":
+        ap.error(f"--recipe {args.recipe!r}: with --family {args.family} our side is bench/family_compare.py's "
+                 f"{args.family} arm; --recipe picks EAGLE-3 recipes only")
+    if args.family == "eagle3" and (args.peer_block_size is not None or args.peer_max_anchors is not None):
+        ap.error("--peer-block-size / --peer-max-anchors are DFlash settings (--family dflash)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from draftsmith.models import resolve_target
@@ -577,6 +641,12 @@ def main() -> int:
 
     t = time.perf_counter()
     train_rows, held_rows, ours = our_split_and_train(work / "draftsmith", regen_dir, cache_dir, args)
+    if args.family == "dflash":
+        peer_block = args.peer_block_size or PEER_DFLASH_BLOCK
+        too_deep = [k for k in args.k if k > min(args.our_block_size, peer_block) - 1]
+        if too_deep:
+            raise SystemExit(f"peer_speculators: K {too_deep} exceeds block_size - 1 of a draft (ours "
+                             f"{args.our_block_size}, speculators' {peer_block}): a block draft proposes at most that many")
     phases["train_draftsmith"] = round(time.perf_counter() - t, 1)
     print(f"draftsmith: {ours['steps']} steps, {ours['tokens']} tokens in {ours['train_s']:.0f} s "
           f"({len(train_rows)} train / {len(held_rows)} held-out rows)", flush=True)
@@ -605,7 +675,7 @@ def main() -> int:
     print(f"serving: target {target}, {args.prompts} prompts per set, {args.max_tokens} tokens, batch 1, "
           f"{args.dtype}", flush=True)
     results = serve_all(target, Path(ours["checkpoint"]), Path(peer["checkpoint"]), sets, args.k, args.max_tokens,
-                        work, args.dtype, args.serve)
+                        work, args.dtype, args.serve, peer_method=args.family)
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
@@ -620,7 +690,9 @@ def main() -> int:
                                     "ours_ge_theirs": o["tau"] >= p["tau"]}
     lines = table(results, args.prompt_sets)
     lines += ["", "| side | steps | tokens seen | training s | tokens/s | checkpoint |", "|---|---|---|---|---|---|"]
-    for side, s in ((f"draftsmith ({args.recipe} recipe)", ours), (f"speculators 0.9.0 (default recipe, {args.peer_schedule} LR)", peer)):
+    our_recipe = f"{args.recipe} recipe" if args.family == "eagle3" else f"family_compare's {args.family} arm"
+    peer_recipe = f"{args.family}, default recipe, {args.peer_schedule} LR"
+    for side, s in ((f"draftsmith ({our_recipe})", ours), (f"speculators 0.9.0 ({peer_recipe})", peer)):
         lines.append(f"| {side} | {s['steps']} | {s['tokens']} | {s['train_s']:.0f} | "
                      f"{s['tokens'] / max(s['train_s'], 1e-9):.0f} | {s['checkpoint']} |")
     lines += ["", "our real tau >= speculators': " + ", ".join(
