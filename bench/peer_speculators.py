@@ -98,7 +98,9 @@ at anchor + k - 1), so the conversion is the same bytes. The differences:
 - comparison settings: no ``--draft-vocab-size`` (the full verifier vocab, as ours: then it keeps the
   verifier's frozen lm_head and does not save it), ``--mask-token-id 16`` (ours, SmolLM2's
   ``<empty_output>``; its own resolution would fall back to the pad token, a real token, since SmolLM2's
-  tokenizer fills its vocab), ``--target-layer-ids 2 15 27`` as before;
+  tokenizer fills its vocab), ``--target-layer-ids 2 15 27`` as before, and ``--hidden-states-dtype`` =
+  the cache's dtype (``--peer-hs-dtype``): our arm trains in the demo's precision, float32 on a CPU without
+  native bf16, where its default bf16 autocast is emulated (the demo measures ~30x slower than fp32);
 - serving: our draft as ``draftsmith serve vllm`` launches it (method ``dflash``), speculators' directory
   as ``{"method": "dflash", "model": DIR, "num_speculative_tokens": K}`` (vLLM's speculators reader
   ``update_dflash``: ``aux_hidden_state_layer_ids`` -> ``dflash_config.target_layer_ids`` - 1, its mask
@@ -423,6 +425,8 @@ def peer_flags(target: str, data_dir: Path, save_dir: Path, ratio: float, args: 
             flags += ["--block-size", str(args.peer_block_size)]
         if args.peer_max_anchors is not None:
             flags += ["--max-anchors", str(args.peer_max_anchors)]
+    if args.peer_hs_dtype is not None:
+        flags += ["--hidden-states-dtype", args.peer_hs_dtype]
     if args.peer_schedule == "fit":
         flags += ["--epochs", "50"]
     return flags
@@ -435,6 +439,8 @@ def train_peer(py: Path, target: str, data: dict, data_dir: Path, run_dir: Path,
                 "num_workers": args.peer_num_workers, "data": data["rows_sha256"]}
     if args.family != "eagle3":  # an EAGLE-3 run's summary keeps its old settings, so --reuse still finds it
         settings.update(family=args.family, block_size=args.peer_block_size, max_anchors=args.peer_max_anchors)
+    if args.peer_hs_dtype is not None:
+        settings["hs_dtype"] = args.peer_hs_dtype
     if args.reuse and summary.is_file():
         have = json.loads(summary.read_text())
         if have.get("settings") == settings and Path(have.get("checkpoint", "")).is_dir():
@@ -598,6 +604,9 @@ def main() -> int:
                     help="--family dflash: speculators' --block-size (default: its own, 16 for dflash)")
     ap.add_argument("--peer-max-anchors", type=int, default=None,
                     help="--family dflash: speculators' --max-anchors per packed batch (default: its own, 512)")
+    ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
+                    help="speculators' --hidden-states-dtype (its loader dtype and autocast): default its own bfloat16 "
+                         "for eagle3; for dflash the feature cache's dtype, the precision our side trains in")
     ap.add_argument("--out", default=None, help="JSON report (default runs/bench/peer_speculators.json; with "
                                                 "--family dflash runs/bench/peer_speculators_dflash.json)")
     args = ap.parse_args()
@@ -637,6 +646,10 @@ def main() -> int:
     t = time.perf_counter()
     regen_dir, cache_dir, _ = prepare_data(progress=False)
     target = str(resolve_target("smollm2"))
+    if args.family != "eagle3" and args.peer_hs_dtype is None:
+        from draftsmith.cache.store import read_manifest
+
+        args.peer_hs_dtype = read_manifest(Path(cache_dir))["dtype"]  # float32 where the CPU has no native bf16
     phases["demo_data"] = round(time.perf_counter() - t, 1)
 
     t = time.perf_counter()
