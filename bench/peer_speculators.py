@@ -93,14 +93,18 @@ at anchor + k - 1), so the conversion is the same bytes. The differences:
   per-position weights, up to 512 anchors per packed batch, Muon lr 1e-3, every draft layer
   ``sliding_attention`` (window 2048, so the whole context here) and causal inside the block
   (``sliding_window_non_causal`` false; vLLM's speculators reader maps that to ``dflash_config.causal``),
-  bf16 hidden states and autocast; ``--peer-block-size`` / ``--peer-max-anchors`` override its block and
-  anchors;
+  bf16 hidden states and autocast; ``--peer-block-size`` overrides its block;
 - comparison settings: no ``--draft-vocab-size`` (the full verifier vocab, as ours: then it keeps the
   verifier's frozen lm_head and does not save it), ``--mask-token-id 16`` (ours, SmolLM2's
   ``<empty_output>``; its own resolution would fall back to the pad token, a real token, since SmolLM2's
   tokenizer fills its vocab), ``--target-layer-ids 2 15 27`` as before, and ``--hidden-states-dtype`` =
   the cache's dtype (``--peer-hs-dtype``): our arm trains in the demo's precision, float32 on a CPU without
   native bf16, where its default bf16 autocast is emulated (the demo measures ~30x slower than fp32);
+- ``--max-anchors 64`` (``--peer-max-anchors``; its default 512): 64 anchors x 15 drafted slots = 960
+  supervised positions per packed 2,048-token step, about ours (4 rows x 32 anchors x 7 = 896). Its sdpa
+  path on the CPU attends densely over (anchors x block) queries x (2,048 + anchors x block) keys, so 512
+  anchors cost 27x the attention of 64 per step (flex attention would skip the masked blocks), and in the
+  smoke run one such step took 26 min on a shared core: a 1,200-s budget would end after one or two steps;
 - serving: our draft as ``draftsmith serve vllm`` launches it (method ``dflash``), speculators' directory
   as ``{"method": "dflash", "model": DIR, "num_speculative_tokens": K}`` (vLLM's speculators reader
   ``update_dflash``: ``aux_hidden_state_layer_ids`` -> ``dflash_config.target_layer_ids`` - 1, its mask
@@ -142,6 +146,9 @@ PEER_LAYER_IDS = (2, 15, 27)  # speculators' default [2, n//2, n-3] for SmolLM2'
 SERVED = ("ngram", "draftsmith", "speculators")  # configurations --serve picks from (no speculation always)
 FAMILIES = ("eagle3", "dflash")  # --family: speculators' --speculator-type and vLLM's method for its checkpoint
 PEER_DFLASH_BLOCK = 16  # speculators 0.9.0's --block-size default for dflash (train/config/schema.py)
+# --max-anchors for its packed 2,048-token batch: 64 x 15 drafted slots = 960 supervised positions per step, ours
+# 4 rows x 32 anchors x 7 = 896 (its default 512 on the CPU: module docstring)
+PEER_DFLASH_ANCHORS = 64
 MAX_MODEL_LEN = 2048
 SERVE_EXTRA = ("--enforce-eager", "--seed", "0")
 
@@ -423,8 +430,7 @@ def peer_flags(target: str, data_dir: Path, save_dir: Path, ratio: float, args: 
         flags += ["--mask-token-id", str(args.mask_token_id)]
         if args.peer_block_size is not None:
             flags += ["--block-size", str(args.peer_block_size)]
-        if args.peer_max_anchors is not None:
-            flags += ["--max-anchors", str(args.peer_max_anchors)]
+        flags += ["--max-anchors", str(args.peer_max_anchors)]
     if args.peer_hs_dtype is not None:
         flags += ["--hidden-states-dtype", args.peer_hs_dtype]
     if args.peer_schedule == "fit":
@@ -603,7 +609,8 @@ def main() -> int:
     ap.add_argument("--peer-block-size", type=int, default=None,
                     help="--family dflash: speculators' --block-size (default: its own, 16 for dflash)")
     ap.add_argument("--peer-max-anchors", type=int, default=None,
-                    help="--family dflash: speculators' --max-anchors per packed batch (default: its own, 512)")
+                    help=f"--family dflash: speculators' --max-anchors per packed batch (default {PEER_DFLASH_ANCHORS}: "
+                         "the block positions per step of our arm; its own default is 512)")
     ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
                     help="speculators' --hidden-states-dtype (its loader dtype and autocast): default its own bfloat16 "
                          "for eagle3; for dflash the feature cache's dtype, the precision our side trains in")
@@ -622,6 +629,8 @@ def main() -> int:
                  f"{args.family} arm; --recipe picks EAGLE-3 recipes only")
     if args.family == "eagle3" and (args.peer_block_size is not None or args.peer_max_anchors is not None):
         ap.error("--peer-block-size / --peer-max-anchors are DFlash settings (--family dflash)")
+    if args.family == "dflash" and args.peer_max_anchors is None:
+        args.peer_max_anchors = PEER_DFLASH_ANCHORS
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from draftsmith.models import resolve_target
