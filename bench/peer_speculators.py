@@ -63,6 +63,10 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
      validation and saves excluded, as ours excludes its final eval and save): after the step at which
      W seconds have passed it sets ``max_steps`` to the current step, so its own loop breaks there and
      its own checkpointer saves that model as the last epoch's checkpoint, which is what is served;
+   - with ``--hidden-states-dtype float32`` (``--family dflash`` here: the cache's dtype) torch's Muon
+     orthogonalisation (``torch.optim._muon._zeropower_via_newtonschulz``, which casts the update to
+     bf16) runs the same 5 Newton-Schulz steps in float32: on a CPU without native bf16 the bf16 one is
+     emulated and took ~10 min of the smoke run's first DFlash step (5 layers, 36 Muon matrices);
    - **the LR schedule** (``--peer-schedule``): ``fit`` (default) keeps its linear warmup-then-decay
      shape but runs it over W seconds instead of 20 epochs' steps (warmup = the first 1% of W, zero at
      W; ``--epochs 50``, our demo's cap), the same treatment our cosine gets from ``max_time_s``;
@@ -295,7 +299,8 @@ LAUNCHER = r'''"""speculators' own trainer on the CPU under a wall budget; writt
 Patches (in this process only; no installed file is edited): the device speculators' Trainer puts the
 model and batches on (get_local_rank() = 0 = cuda:0 -> "cpu"), its autocast device type (falls back to
 "cuda" without an accelerator -> "cpu"), torch.accelerator.synchronize (raises without one -> no-op),
-and Trainer.run_training: the same single-process epoch loop with a clock over training steps that
+with --hidden-states-dtype float32 torch's Muon Newton-Schulz iteration in float32 (torch casts it to
+bf16, emulated on a CPU without native bf16), and Trainer.run_training: the same single-process epoch loop with a clock over training steps that
 stops after the step at which WALL_S has passed (its own max_steps break, then its own checkpoint
 save); with "fit" its linear LR schedule runs over WALL_S (1% warmup, 0 at WALL_S).
 """
@@ -346,6 +351,23 @@ def main():
         self.device_type = "cpu"  # was: acc.type if acc is not None else "cuda"
 
     Trainer.__init__ = init_on_cpu
+    fp32 = "--hidden-states-dtype" in flags and flags[flags.index("--hidden-states-dtype") + 1] == "float32"
+    if fp32:
+        import torch.optim._muon as muon
+
+        def newton_schulz_fp32(grad, ns_coefficients, ns_steps, eps):
+            """torch's Muon orthogonalisation, the same iteration in float32 (torch runs it in bf16)."""
+            a, b, c = ns_coefficients
+            x = grad.float()
+            if grad.size(0) > grad.size(1):
+                x = x.T
+            x = x / x.norm().clamp(min=eps)
+            for _ in range(ns_steps):
+                gram = x @ x.T
+                x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+            return x.T if grad.size(0) > grad.size(1) else x
+
+        muon._zeropower_via_newtonschulz = newton_schulz_fp32  # a float32 run: no emulated bf16 in its optimizer
     clock = Clock()
     stats = {"wall_s": wall_s, "schedule": schedule, "steps": 0, "tokens": 0, "loss_tokens": 0, "epochs": [],
              "stopped_by": "epochs"}
