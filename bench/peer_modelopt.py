@@ -121,8 +121,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -134,18 +132,23 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from peer_speculators import (  # noqa: E402  (bench/ on sys.path: the twin bench's helpers)
+    DATA_MARK,
+    cached_rows,
+    conversion_key,
+    reused,
     MAX_MODEL_LEN,
     PEER_LAYER_IDS,
     ensure_venv,
-    keys_fingerprint,
+    finish_report,
     our_split_and_train,
+    run_launcher,
     serve_all,
-    table,
+    side_by_side_args,
+    start_bench,
 )
 
 MODELOPT = "nvidia-modelopt[hf]==0.47.0"
 MODELOPT_MODULES = ("modelopt.torch.speculative", "modelopt.torch.export", "accelerate")
-DATA_MARK = "draftsmith_peer.json"
 RECIPE = "general/speculative_decoding/eagle3"  # its built-in EAGLE-3 recipe (modelopt_recipes/, in the wheel)
 TRAIN_LEN = 2048  # its recipe's training_seq_len (= our max_length)
 PEER = "modelopt"
@@ -201,43 +204,22 @@ def convert(cache_dir: Path, train: Sequence[Any], out: Path, draft_vocab_size: 
     Returns the manifest (rows, tokens, draft vocab coverage, ...)."""
     import torch
 
-    from draftsmith.cache.store import CacheReader, read_manifest, row_key
-
-    keys = [row_key(ex.input_ids) for ex in train]
-    cache_manifest = read_manifest(cache_dir)
-    want = {"cache_dir": str(cache_dir), "cache_fingerprint": cache_manifest["data"]["fingerprint"],
-            "aux_layer_ids": cache_manifest["aux_layer_ids"], "rows_sha256": keys_fingerprint(keys),
-            "train_rows": len(train), "draft_vocab_size": draft_vocab_size}
-    mark = out / DATA_MARK
-    if reuse and mark.is_file():
-        have = json.loads(mark.read_text())
-        if all(have.get(k) == v for k, v in want.items()):
-            return have
-    if out.exists():
-        shutil.rmtree(out)
+    want, cache_manifest = conversion_key(cache_dir, train, train_rows=len(train), draft_vocab_size=draft_vocab_size)
+    have = reused(out, want, reuse)
+    if have is not None:
+        return have
     offline = out / "offline"
     offline.mkdir(parents=True)
-    reader = CacheReader(cache_dir)
-    try:
-        missing = [i for i, k in enumerate(keys) if k not in reader]
-        if missing:
-            raise SystemExit(f"peer_modelopt: {len(missing)} training rows are not in {cache_dir} "
-                             f"(first: row {missing[0]}); rebuild the demo cache")
-        tokens = 0
-        for i, (ex, key) in enumerate(zip(train, keys)):
-            row = reader.row(key)
-            if row["loss_mask"].to(torch.int64).tolist() != [int(m) for m in ex.loss_mask]:
-                raise SystemExit(f"peer_modelopt: row {i}: the cache's loss mask differs from the trainer's")
-            torch.save(modelopt_sample({k: v.clone() for k, v in row.items()}), offline / f"row_{i:06d}.pt")
-            tokens += len(ex.input_ids)
-    finally:
-        reader.close()
+    tokens = 0
+    for i, ex, row in cached_rows(cache_dir, train, "peer_modelopt"):
+        torch.save(modelopt_sample(row), offline / f"row_{i:06d}.pt")
+        tokens += len(ex.input_ids)
     chosen, seen = draft_vocab((ex.input_ids for ex in train), draft_vocab_size, vocab_size)
     torch.save(d2t_of(chosen), out / "d2t.pt")  # beside offline/, not in it: its loader globs **/*.pt
     manifest = {**want, "tokens": tokens, "draft_vocab_seen_tokens": seen,
                 "hidden_states": "aux layers " + str(cache_manifest["aux_layer_ids"]) + " (concatenated) + last "
                                  "pre-norm state (hidden_states_prenorm), " + cache_manifest["dtype"]}
-    mark.write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / DATA_MARK).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -426,50 +408,15 @@ def train_peer(py: Path, target: str, data: dict, data_dir: Path, run_dir: Path,
         if have.get("settings") == settings and (Path(have.get("checkpoint", "")) / "config.json").is_file():
             print(f"modelopt: reusing {have['checkpoint']} (--reuse)", flush=True)
             return have
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    launcher = run_dir / "launcher.py"
-    launcher.write_text(LAUNCHER)
-    argv = [str(py), str(launcher), str(summary), str(args.wall_s), args.peer_schedule, str(export),
-            "auto" if args.peer_bf16 else "float32", "--", *flags]
-    log = run_dir / "train.log"
-    print(f"modelopt: training {args.wall_s:.0f} s (log {log})", flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "WANDB_DISABLED": "true"}
-    env.pop("PYTHONPATH", None)
-    with open(log, "w") as fh:
-        proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(run_dir),
-                              timeout=args.wall_s + 1800)
-    if proc.returncode != 0 or not summary.is_file():
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise SystemExit(f"peer_modelopt: ModelOpt's trainer exited with {proc.returncode}; log {log}:\n{tail}")
-    out = json.loads(summary.read_text())
-    out.update(settings=settings, argv=argv)
-    summary.write_text(json.dumps(out, indent=2) + "\n")
-    return out
+    rest = [args.peer_schedule, str(export), "auto" if args.peer_bf16 else "float32", "--", *flags]
+    return run_launcher("ModelOpt", py, LAUNCHER, run_dir, summary, args.wall_s, rest, settings,
+                        env={"WANDB_DISABLED": "true"})
 
 
 # ---------------------------------------------------------------------------------------------- main
 def main() -> int:
-    import platformdirs
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipe", default="demo",
-                    help="our side's recipe: demo (the demo's, default) or a bench/recipe_sweep.py variant")
-    ap.add_argument("--serve", nargs="+", choices=SERVED, default=list(SERVED),
-                    help="which configurations to serve (no speculation always)")
-    ap.add_argument("--wall-s", type=float, default=1200.0, help="training seconds for each side (default 1200)")
-    ap.add_argument("-k", type=int, nargs="+", default=[1, 3], help="K for both drafts (default 1 3)")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set, spread over its categories")
-    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--dtype", default="float32", help="vLLM dtype (fp32: speculation must be lossless)")
-    ap.add_argument("--venv", default=str(Path(platformdirs.user_cache_dir("draftsmith")) / "peer"
-                                          / "modelopt-0.47.0-venv"))
-    ap.add_argument("--skip-install", action="store_true", help="use --venv as it is")
-    ap.add_argument("--reuse", action="store_true", help="keep checkpoints and converted data of an earlier run "
-                                                         "with the same settings (skip training)")
+    side_by_side_args(ap, SERVED, "modelopt-0.47.0-venv", k_default=[1, 3], k_help="K for both drafts (default 1 3)")
     ap.add_argument("--peer-schedule", choices=["fit", "default"], default="fit",
                     help="ModelOpt's LR schedule: fit (linear over --wall-s) or default (its 1000 warmup steps, 1 epoch)")
     ap.add_argument("--peer-precision", choices=["match", "bf16"], default="match",
@@ -494,14 +441,9 @@ def main() -> int:
 
     from draftsmith.models import resolve_target
     from draftsmith.train.demo import prepare_data
-    from recipe_sweep import VARIANTS, spread_prompts
+    from recipe_sweep import spread_prompts
 
-    if args.recipe != "demo" and args.recipe not in VARIANTS:
-        ap.error(f"--recipe {args.recipe!r}: unknown; known: demo, {', '.join(VARIANTS)}")
-
-    out_path = Path(args.out).resolve()
-    work = out_path.parent / out_path.stem  # runs/bench/peer_modelopt/: checkpoints, data, logs
-    work.mkdir(parents=True, exist_ok=True)
+    out_path, work = start_bench(ap, args)  # runs/bench/peer_modelopt/: checkpoints, data, logs
     phases: dict[str, float] = {}
     t_all = time.perf_counter()
 
@@ -554,33 +496,11 @@ def main() -> int:
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
-    verdict = {}
-    for s in args.prompt_sets:
-        for k in args.k:
-            o = next((r for r in results if r["prompt_set"] == s and r["label"] == "draftsmith" and r["k"] == k), None)
-            p = next((r for r in results if r["prompt_set"] == s and r["label"] == PEER and r["k"] == k), None)
-            if o is None or p is None:  # --serve left one side out
-                continue
-            verdict[f"{s}@K{k}"] = {"draftsmith_tau": round(o["tau"], 4), "modelopt_tau": round(p["tau"], 4),
-                                    "ours_ge_theirs": o["tau"] >= p["tau"]}
-    lines = table(results, args.prompt_sets)
-    lines += ["", "| side | steps | tokens seen | training s | tokens/s | checkpoint |", "|---|---|---|---|---|---|"]
     peer_side = (f"ModelOpt 0.47 (default recipe, {args.peer_arch} layer, {args.peer_schedule} LR; "
                  f"{peer['padded_tokens']} padded tokens)")
-    for side, s in ((f"draftsmith ({args.recipe} recipe)", ours), (peer_side, peer)):
-        lines.append(f"| {side} | {s['steps']} | {s['tokens']} | {s['train_s']:.0f} | "
-                     f"{s['tokens'] / max(s['train_s'], 1e-9):.0f} | {s['checkpoint']} |")
-    lines += ["", "our real tau >= ModelOpt's: " + ", ".join(
-        f"{key} {v['draftsmith_tau']:.3f} vs {v['modelopt_tau']:.3f} ({'yes' if v['ours_ge_theirs'] else 'no'})"
-        for key, v in verdict.items())]
-    lines.append("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
-    print("\n" + "\n".join(lines))
-    report = {"args": vars(args), "target": target, "phases_s": phases, "data": data,
-              "training": {"draftsmith": ours, "modelopt": peer}, "verdict": verdict,
-              "results": [{k: v for k, v in r.items() if k != "outputs"} | {"same_tokens_as_none": r["outputs"] == next(
-                  b for b in results if b["prompt_set"] == r["prompt_set"] and b["label"] == "none")["outputs"]}
-                  for r in results]}
-    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    finish_report(results, args, phases, out_path, report={"target": target, "data": data},
+                  sides=((f"draftsmith ({args.recipe} recipe)", "draftsmith", ours), (peer_side, PEER, peer)),
+                  peer_name="ModelOpt's")
     print(f"\nJSON: {out_path}")
     return 0
 

@@ -197,6 +197,54 @@ def keys_fingerprint(keys: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(keys).encode()).hexdigest()
 
 
+def conversion_key(cache_dir: Path, rows: Sequence[Any], **extra: Any) -> tuple[dict, dict]:
+    """(what identifies a conversion of ``rows`` of the cache at ``cache_dir``: the cache's fingerprint and
+    aux layers, the rows' keys' hash, ``extra``; the cache's manifest). Both peer benches' --reuse compare it."""
+    from draftsmith.cache.store import read_manifest, row_key
+
+    manifest = read_manifest(cache_dir)
+    return ({"cache_dir": str(cache_dir), "cache_fingerprint": manifest["data"]["fingerprint"],
+             "aux_layer_ids": manifest["aux_layer_ids"],
+             "rows_sha256": keys_fingerprint([row_key(ex.input_ids) for ex in rows]), **extra}, manifest)
+
+
+def reused(out: Path, want: dict, reuse: bool) -> dict | None:
+    """With ``reuse``, the manifest (``out``/DATA_MARK) of an earlier conversion written with every value of
+    ``want``; else None, and ``out`` is emptied for a new one."""
+    mark = out / DATA_MARK
+    if reuse and mark.is_file():
+        have = json.loads(mark.read_text())
+        if all(have.get(k) == v for k, v in want.items()):
+            return have
+    if out.exists():
+        shutil.rmtree(out)
+    return None
+
+
+def cached_rows(cache_dir: Path, rows: Sequence[Any], who: str) -> Iterable[tuple[int, Any, dict]]:
+    """(i, example, its cached row: aux, last, input_ids, loss_mask tensors, cloned) for each of ``rows``
+    (draftsmith Examples) in order; SystemExit naming the row when the cache lacks one or its loss mask
+    differs from the trainer's (another cache or another template)."""
+    import torch
+
+    from draftsmith.cache.store import CacheReader, row_key
+
+    keys = [row_key(ex.input_ids) for ex in rows]
+    reader = CacheReader(cache_dir)
+    try:
+        missing = [i for i, k in enumerate(keys) if k not in reader]
+        if missing:
+            raise SystemExit(f"{who}: {len(missing)} training rows are not in {cache_dir} "
+                             f"(first: row {missing[0]}); rebuild the demo cache")
+        for i, (ex, key) in enumerate(zip(rows, keys)):
+            row = reader.row(key)
+            if row["loss_mask"].to(torch.int64).tolist() != [int(m) for m in ex.loss_mask]:
+                raise SystemExit(f"{who}: row {i}: the cache's loss mask differs from the trainer's")
+            yield i, ex, {k: v.clone() for k, v in row.items()}
+    finally:
+        reader.close()
+
+
 def convert(cache_dir: Path, train: Sequence[Any], held_out: Sequence[Any], out: Path, *, reuse: bool = True) -> dict:
     """Write ``train`` then ``held_out`` (draftsmith Examples of the cache's rows) in speculators'
     offline layout under ``out`` (module docstring, step 4). Reused when ``out`` holds the same rows of
@@ -206,38 +254,17 @@ def convert(cache_dir: Path, train: Sequence[Any], held_out: Sequence[Any], out:
     from datasets import Dataset
     from safetensors.torch import save_file
 
-    from draftsmith.cache.store import CacheReader, read_manifest, row_key
-
     rows = list(train) + list(held_out)
-    keys = [row_key(ex.input_ids) for ex in rows]
-    cache_manifest = read_manifest(cache_dir)
-    want = {"cache_dir": str(cache_dir), "cache_fingerprint": cache_manifest["data"]["fingerprint"],
-            "aux_layer_ids": cache_manifest["aux_layer_ids"], "rows_sha256": keys_fingerprint(keys),
-            "train_rows": len(train), "held_out_rows": len(held_out)}
-    mark = out / DATA_MARK
-    if reuse and mark.is_file():
-        have = json.loads(mark.read_text())
-        if all(have.get(k) == v for k, v in want.items()):
-            return have
-    if out.exists():
-        shutil.rmtree(out)
-    reader = CacheReader(cache_dir)
-    try:
-        missing = [i for i, k in enumerate(keys) if k not in reader]
-        if missing:
-            raise SystemExit(f"peer_speculators: {len(missing)} training rows are not in {cache_dir} "
-                             f"(first: row {missing[0]}); rebuild the demo cache")
-        hs_dir = out / "hidden_states"
-        hs_dir.mkdir(parents=True)
-        tokens = 0
-        for i, (ex, key) in enumerate(zip(rows, keys)):
-            row = reader.row(key)
-            if row["loss_mask"].to(torch.int64).tolist() != [int(m) for m in ex.loss_mask]:
-                raise SystemExit(f"peer_speculators: row {i}: the cache's loss mask differs from the trainer's")
-            save_file(peer_sample({k: v.clone() for k, v in row.items()}), str(hs_dir / f"hs_{i}.safetensors"))
-            tokens += len(ex.input_ids)
-    finally:
-        reader.close()
+    want, cache_manifest = conversion_key(cache_dir, rows, train_rows=len(train), held_out_rows=len(held_out))
+    have = reused(out, want, reuse)
+    if have is not None:
+        return have
+    hs_dir = out / "hidden_states"
+    hs_dir.mkdir(parents=True)
+    tokens = 0
+    for i, ex, row in cached_rows(cache_dir, rows, "peer_speculators"):
+        save_file(peer_sample(row), str(hs_dir / f"hs_{i}.safetensors"))
+        tokens += len(ex.input_ids)
     datasets.disable_progress_bars()
     ds = Dataset.from_dict({"input_ids": [list(map(int, ex.input_ids)) for ex in rows],
                             "loss_mask": [list(map(int, ex.loss_mask)) for ex in rows],
@@ -251,7 +278,7 @@ def convert(cache_dir: Path, train: Sequence[Any], held_out: Sequence[Any], out:
     manifest = {**want, "tokens": tokens, "train_data_ratio": split_ratio(len(train), len(rows)),
                 "hidden_states": "aux layers " + str(cache_manifest["aux_layer_ids"]) + " + last pre-norm state, "
                                  + cache_manifest["dtype"]}
-    mark.write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / DATA_MARK).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -474,23 +501,33 @@ def train_peer(py: Path, target: str, data: dict, data_dir: Path, run_dir: Path,
         if have.get("settings") == settings and Path(have.get("checkpoint", "")).is_dir():
             print(f"speculators: reusing {have['checkpoint']} (--reuse)", flush=True)
             return have
+    flags = peer_flags(target, data_dir, save_dir, data["train_data_ratio"], args)
+    return run_launcher("speculators", py, LAUNCHER, run_dir, summary, args.wall_s,
+                        [args.peer_schedule, "--", *flags], settings)
+
+
+def run_launcher(who: str, py: Path, source: str, run_dir: Path, summary: Path, wall_s: float, rest: list[str],
+                 settings: dict, env: dict | None = None) -> dict:
+    """Run a peer's trainer: ``source`` written to a fresh ``run_dir``/launcher.py and run by the peer venv's
+    ``py`` as ``launcher.py SUMMARY WALL_S *rest``, offline, its output in ``run_dir``/train.log. The
+    launcher writes its training summary to ``summary``; returned with ``settings`` and the argv added.
+    bench/peer_modelopt.py shares it."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     launcher = run_dir / "launcher.py"
-    launcher.write_text(LAUNCHER)
-    flags = peer_flags(target, data_dir, save_dir, data["train_data_ratio"], args)
-    argv = [str(py), str(launcher), str(summary), str(args.wall_s), args.peer_schedule, "--", *flags]
+    launcher.write_text(source)
+    argv = [str(py), str(launcher), str(summary), str(wall_s), *rest]
     log = run_dir / "train.log"
-    print(f"speculators: training {args.wall_s:.0f} s (log {log})", flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    print(f"{who}: training {wall_s:.0f} s (log {log})", flush=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("PYTHONPATH", None)
     with open(log, "w") as fh:
         proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(run_dir),
-                              timeout=args.wall_s + 1800)
+                              timeout=wall_s + 1800)
     if proc.returncode != 0 or not summary.is_file():
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise SystemExit(f"peer_speculators: speculators' trainer exited with {proc.returncode}; log {log}:\n{tail}")
+        raise SystemExit(f"peer bench: {who}'s trainer exited with {proc.returncode}; log {log}:\n{tail}")
     out = json.loads(summary.read_text())
     out.update(settings=settings, argv=argv)
     summary.write_text(json.dumps(out, indent=2) + "\n")
@@ -585,6 +622,79 @@ def serve_all(target: str, ours: Path, peer: Path, sets: dict[str, list[list[int
     return results
 
 
+def finish_report(results: list[dict], args: argparse.Namespace, phases: dict, out_path: Path, *, report: dict,
+                  sides: Sequence[tuple[str, str, dict]], peer_name: str) -> dict:
+    """Print the served table, each side's training and whether our real tau >= the peer's at each
+    prompt set and K; write the JSON report (``report`` plus args, phases, training, verdict, results).
+    ``sides``: (row label, serve label, training summary) for ours then the peer's (bench/peer_modelopt.py
+    shares this); ``peer_name``: the peer in the verdict line."""
+    (_, ours_label, _), (_, peer_label, _) = sides
+    verdict = {}
+    for s in args.prompt_sets:
+        for k in args.k:
+            o = next((r for r in results if r["prompt_set"] == s and r["label"] == ours_label and r["k"] == k), None)
+            p = next((r for r in results if r["prompt_set"] == s and r["label"] == peer_label and r["k"] == k), None)
+            if o is None or p is None:  # --serve left one side out
+                continue
+            verdict[f"{s}@K{k}"] = {"draftsmith_tau": round(o["tau"], 4), f"{peer_label}_tau": round(p["tau"], 4),
+                                    "ours_ge_theirs": o["tau"] >= p["tau"]}
+    lines = table(results, args.prompt_sets)
+    lines += ["", "| side | steps | tokens seen | training s | tokens/s | checkpoint |", "|---|---|---|---|---|---|"]
+    for side, _, s in sides:
+        lines.append(f"| {side} | {s['steps']} | {s['tokens']} | {s['train_s']:.0f} | "
+                     f"{s['tokens'] / max(s['train_s'], 1e-9):.0f} | {s['checkpoint']} |")
+    lines += ["", f"our real tau >= {peer_name}: " + ", ".join(
+        f"{key} {v['draftsmith_tau']:.3f} vs {v[peer_label + '_tau']:.3f} ({'yes' if v['ours_ge_theirs'] else 'no'})"
+        for key, v in verdict.items())]
+    lines.append("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    print("\n" + "\n".join(lines))
+    none = {r["prompt_set"]: r["outputs"] for r in results if r["label"] == "none"}
+    report = {"args": vars(args), **report, "phases_s": phases,
+              "training": {label: s for _, label, s in sides}, "verdict": verdict,
+              "results": [{k: v for k, v in r.items() if k != "outputs"} | {"same_tokens_as_none": r["outputs"] == none[r["prompt_set"]]}
+                          for r in results]}
+    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
+
+
+def side_by_side_args(ap: argparse.ArgumentParser, served: Sequence[str], venv_name: str, k_default: list[int] | None,
+                      k_help: str) -> None:
+    """The flags every peer bench takes (bench/peer_modelopt.py shares them): our recipe, what to serve, the
+    wall time, K, the prompts, vLLM's dtype and the peer's venv (``<user cache>/draftsmith/peer/venv_name``)."""
+    import platformdirs
+
+    ap.add_argument("--recipe", default="demo",
+                    help="our side's recipe: demo (the demo's, default) or a bench/recipe_sweep.py variant (baseline: "
+                         "the plain recipe, every knob off)")
+    ap.add_argument("--serve", nargs="+", choices=served, default=list(served),
+                    help="which configurations to serve (no speculation always): e.g. --reuse --recipe best --serve "
+                         "draftsmith retrains and serves our side only")
+    ap.add_argument("--wall-s", type=float, default=1200.0, help="training seconds for each side (default 1200)")
+    ap.add_argument("-k", type=int, nargs="+", default=k_default, help=k_help)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per set, spread over its categories")
+    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--dtype", default="float32", help="vLLM dtype (fp32: speculation must be lossless)")
+    ap.add_argument("--venv", default=str(Path(platformdirs.user_cache_dir("draftsmith")) / "peer" / venv_name))
+    ap.add_argument("--skip-install", action="store_true", help="use --venv as it is")
+    ap.add_argument("--reuse", action="store_true", help="keep checkpoints and converted data of an earlier run "
+                                                         "with the same settings (skip training)")
+
+
+def start_bench(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, Path]:
+    """--recipe checked against bench/recipe_sweep.py's variants (ap.error otherwise); (the JSON report's
+    path, the work folder named after it: checkpoints, converted data, logs). Both peer benches start so."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from recipe_sweep import VARIANTS
+
+    if args.recipe != "demo" and args.recipe not in VARIANTS:
+        ap.error(f"--recipe {args.recipe!r}: unknown; known: demo, {', '.join(VARIANTS)}")
+    out_path = Path(args.out).resolve()
+    work = out_path.parent / out_path.stem
+    work.mkdir(parents=True, exist_ok=True)
+    return out_path, work
+
+
 def table(results: list[dict], sets: Sequence[str]) -> list[str]:
     lines = ["| prompt set | config | tokens/s | speedup | real tau | acceptance per position | same tokens as none |",
              "|---|---|---|---|---|---|---|"]
@@ -601,29 +711,11 @@ def table(results: list[dict], sets: Sequence[str]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- main
 def main() -> int:
-    import platformdirs
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", choices=FAMILIES, default="eagle3",
                     help="draft family both sides train: eagle3 (default) or dflash (module docstring, --family dflash)")
-    ap.add_argument("--recipe", default="demo",
-                    help="our side's recipe: demo (the demo's, default) or a bench/recipe_sweep.py variant (baseline: "
-                         "the plain recipe, every knob off)")
-    ap.add_argument("--serve", nargs="+", choices=SERVED, default=list(SERVED),
-                    help="which configurations to serve (no speculation always): e.g. --reuse --recipe best --serve "
-                         "draftsmith retrains and serves our side only")
-    ap.add_argument("--wall-s", type=float, default=1200.0, help="training seconds for each side (default 1200)")
-    ap.add_argument("-k", type=int, nargs="+", default=None,
-                    help="K for both drafts (default 1 3; with --family dflash 1 3 7)")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set, spread over its categories")
-    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--dtype", default="float32", help="vLLM dtype (fp32: speculation must be lossless)")
-    ap.add_argument("--venv", default=str(Path(platformdirs.user_cache_dir("draftsmith")) / "peer"
-                                          / "speculators-0.9.0-venv"))
-    ap.add_argument("--skip-install", action="store_true", help="use --venv as it is")
-    ap.add_argument("--reuse", action="store_true", help="keep checkpoints and converted data of an earlier run "
-                                                         "with the same settings (skip training)")
+    side_by_side_args(ap, SERVED, "speculators-0.9.0-venv", k_default=None,
+                      k_help="K for both drafts (default 1 3; with --family dflash 1 3 7)")
     ap.add_argument("--peer-schedule", choices=["fit", "default"], default="fit",
                     help="speculators' LR schedule: fit (linear over --wall-s) or default (over its 20 epochs)")
     ap.add_argument("--peer-total-seq-len", type=int, default=2048, help="speculators' packed batch length")
@@ -658,15 +750,9 @@ def main() -> int:
     from draftsmith.models import resolve_target
     from draftsmith.train.demo import prepare_data
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from recipe_sweep import VARIANTS, spread_prompts
+    from recipe_sweep import spread_prompts
 
-    if args.recipe != "demo" and args.recipe not in VARIANTS:
-        ap.error(f"--recipe {args.recipe!r}: unknown; known: demo, {', '.join(VARIANTS)}")
-
-    out_path = Path(args.out).resolve()
-    work = out_path.parent / out_path.stem  # runs/bench/peer_speculators/: checkpoints, data, logs
-    work.mkdir(parents=True, exist_ok=True)
+    out_path, work = start_bench(ap, args)  # runs/bench/peer_speculators/: checkpoints, data, logs
     phases: dict[str, float] = {}
     t_all = time.perf_counter()
 
@@ -723,33 +809,11 @@ def main() -> int:
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
-    verdict = {}
-    for s in args.prompt_sets:
-        for k in args.k:
-            o = next((r for r in results if r["prompt_set"] == s and r["label"] == "draftsmith" and r["k"] == k), None)
-            p = next((r for r in results if r["prompt_set"] == s and r["label"] == "speculators" and r["k"] == k), None)
-            if o is None or p is None:  # --serve left one side out
-                continue
-            verdict[f"{s}@K{k}"] = {"draftsmith_tau": round(o["tau"], 4), "speculators_tau": round(p["tau"], 4),
-                                    "ours_ge_theirs": o["tau"] >= p["tau"]}
-    lines = table(results, args.prompt_sets)
-    lines += ["", "| side | steps | tokens seen | training s | tokens/s | checkpoint |", "|---|---|---|---|---|---|"]
     our_recipe = f"{args.recipe} recipe" if args.family == "eagle3" else f"family_compare's {args.family} arm"
     peer_recipe = f"{args.family}, default recipe, {args.peer_schedule} LR"
-    for side, s in ((f"draftsmith ({our_recipe})", ours), (f"speculators 0.9.0 ({peer_recipe})", peer)):
-        lines.append(f"| {side} | {s['steps']} | {s['tokens']} | {s['train_s']:.0f} | "
-                     f"{s['tokens'] / max(s['train_s'], 1e-9):.0f} | {s['checkpoint']} |")
-    lines += ["", "our real tau >= speculators': " + ", ".join(
-        f"{key} {v['draftsmith_tau']:.3f} vs {v['speculators_tau']:.3f} ({'yes' if v['ours_ge_theirs'] else 'no'})"
-        for key, v in verdict.items())]
-    lines.append("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
-    print("\n" + "\n".join(lines))
-    report = {"args": vars(args), "target": target, "phases_s": phases, "data": data,
-              "training": {"draftsmith": ours, "speculators": peer}, "verdict": verdict,
-              "results": [{k: v for k, v in r.items() if k != "outputs"} | {"same_tokens_as_none": r["outputs"] == next(
-                  b for b in results if b["prompt_set"] == r["prompt_set"] and b["label"] == "none")["outputs"]}
-                  for r in results]}
-    out_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    finish_report(results, args, phases, out_path, report={"target": target, "data": data},
+                  sides=((f"draftsmith ({our_recipe})", "draftsmith", ours),
+                         (f"speculators 0.9.0 ({peer_recipe})", "speculators", peer)), peer_name="speculators'")
     print(f"\nJSON: {out_path}")
     return 0
 

@@ -256,13 +256,21 @@ def parse_error(parser: argparse.ArgumentParser, argv: list[str], inline: bool =
             if e.code in (0, None):  # --help, --version
                 return None
         message = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit 2"
-        bad = re.search(r"invalid (?:int|float) value: '(.*?)'", message)
-        choice = re.search(r"invalid choice: '(.*?)' \(choose from '?([^',)]+)", message)
-        value = (bad or choice).group(1) if (bad or choice) else None
-        if value is None or not _PLACEHOLDER.match(value) or value not in argv:
+        if not fill_placeholder(message, argv):
             return message
-        argv[argv.index(value)] = "1" if bad else choice.group(2)  # type: ignore[union-attr]
     return message
+
+
+def fill_placeholder(message: str, argv: list[str]) -> bool:
+    """When argparse's last line ``message`` refuses a placeholder of ``argv`` (rule 5) as an int, float or
+    choice, put a value it takes in its place (``argv`` changes) and say True; else False."""
+    bad = re.search(r"invalid (?:int|float) value: '(.*?)'", message)
+    choice = re.search(r"invalid choice: '(.*?)' \(choose from '?([^',)]+)", message)
+    value = (bad or choice).group(1) if (bad or choice) else None
+    if value is None or not _PLACEHOLDER.match(value) or value not in argv:
+        return False
+    argv[argv.index(value)] = "1" if bad else choice.group(2)  # type: ignore[union-attr]
+    return True
 
 
 def failures(text: str, where: str) -> list[str]:

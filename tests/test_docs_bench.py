@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from test_docs import _FENCE, _LAUNCHER, _PLACEHOLDER, _SPAN, doc_files, words
+from test_docs import _FENCE, _LAUNCHER, _SPAN, doc_files, fill_placeholder, words
 
 ROOT = Path(__file__).resolve().parents[1]
 _BENCH = re.compile(r"^bench/(\w+)\.py$")
@@ -134,12 +134,8 @@ def bench_parse_error(name: str, argv: list[str]) -> Optional[str]:
             if e.code in (0, None):
                 return None
         message = err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit 2"
-        bad = re.search(r"invalid (?:int|float) value: '(.*?)'", message)
-        choice = re.search(r"invalid choice: '(.*?)' \(choose from '?([^',)]+)", message)
-        value = (bad or choice).group(1) if (bad or choice) else None
-        if value is None or not _PLACEHOLDER.match(value) or value not in argv:
+        if not fill_placeholder(message, argv):
             return message
-        argv[argv.index(value)] = "1" if bad else choice.group(2)
     return message
 
 

@@ -105,3 +105,38 @@ def test_convert_refuses_rows_missing_from_the_cache(peer, tmp_path):
     with pytest.raises(SystemExit, match="not in"):
         peer.convert(cache, [pairs[0][0], Example(input_ids=[1, 2, 3], loss_mask=[0, 1, 1])], [pairs[1][0]],
                      tmp_path / "peer_data")
+
+
+def test_finish_report_compares_each_set_and_k_and_marks_lossless_rows(peer, tmp_path, capsys):
+    """The verdict and JSON both peer benches print (finish_report): ours vs the peer's tau per (set, K),
+    and whether each configuration's tokens equal no speculation's on that set."""
+    from argparse import Namespace
+
+    def row(label, k, tau, outputs, s="mt_bench"):
+        return {"label": label, "k": k, "prompt_set": s, "tau": tau, "outputs": outputs, "name": f"{label} K={k}",
+                "tokens_per_s": 1.0, "per_position": [], "drafts": 1}
+
+    results = [row("none", 0, 1.0, [[1, 2]]), row("draftsmith", 3, 1.2, [[1, 2]]), row("modelopt", 3, 1.25, [[1, 3]])]
+    side = {"steps": 2, "tokens": 10, "train_s": 5.0, "checkpoint": "c"}
+    args = Namespace(prompt_sets=["mt_bench"], k=[3])
+    rep = peer.finish_report(results, args, {"serve": 1.0}, tmp_path / "r.json", report={"target": "t"},
+                             sides=(("ours", "draftsmith", side), ("theirs", "modelopt", side)), peer_name="ModelOpt's")
+    assert rep["verdict"] == {"mt_bench@K3": {"draftsmith_tau": 1.2, "modelopt_tau": 1.25, "ours_ge_theirs": False}}
+    assert [r["same_tokens_as_none"] for r in rep["results"]] == [True, True, False]
+    assert json.loads((tmp_path / "r.json").read_text())["training"] == {"draftsmith": side, "modelopt": side}
+    assert "our real tau >= ModelOpt's: mt_bench@K3 1.200 vs 1.250 (no)" in capsys.readouterr().out
+
+
+def test_run_launcher_runs_the_peer_script_and_names_its_log_when_it_fails(peer, tmp_path):
+    """run_launcher (both peer benches' trainer step): the launcher gets SUMMARY WALL_S *rest, its summary
+    comes back with the settings and argv; a failing launcher is one SystemExit naming its log."""
+    import sys
+
+    ok = "import json, sys\njson.dump({'steps': 3, 'args': sys.argv[1:]}, open(sys.argv[1], 'w'))\n"
+    out = peer.run_launcher("toy", Path(sys.executable), ok, tmp_path / "run", tmp_path / "s.json", 5.0, ["fit", "--", "x"],
+                            {"a": 1})
+    assert out["steps"] == 3 and out["args"] == [str(tmp_path / "s.json"), "5.0", "fit", "--", "x"]
+    assert out["settings"] == {"a": 1} and json.loads((tmp_path / "s.json").read_text())["argv"][2:] == out["args"]
+    with pytest.raises(SystemExit, match=r"peer bench: toy's trainer exited with 3; log .*train.log:\n.*boom"):
+        peer.run_launcher("toy", Path(sys.executable), "import sys\nprint('boom')\nsys.exit(3)\n", tmp_path / "run2",
+                          tmp_path / "s2.json", 5.0, [], {})
