@@ -35,24 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from draftsmith.data.regenerated import read_manifest, shard_rows, write_text_atomic  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the other benches)
 
 HELD_OUT = 24  # the demo's held-out split size
 
 
 def conversations(regen_dir: Path) -> list[dict]:
-    """Every conversation of a `draftsmith regenerate` output dir, in shard order."""
-    rows = []
-    for shard in sorted(regen_dir.glob("shard-*.jsonl")):
-        rows += [json.loads(line) for line in shard.read_text().splitlines() if line.strip()]
-    return rows
+    """Every conversation of a `draftsmith regenerate` output dir, in its manifest's shard order (read as the
+    trainer reads them: lines end at "\n" only, answers may hold U+2028)."""
+    return [row for name in read_manifest(regen_dir)["shards"] for row in shard_rows(regen_dir / name)]
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
@@ -148,9 +145,8 @@ def main() -> int:
                              prompts=str(prompt_files[s]), k=k, max_new_tokens=args.max_new_tokens,
                              dtype="float32", plain=False, progress=False)["overall"]
                 point["real"][f"{s}@K{k}"] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
-        points.append(point)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+        points.append(point)  # the JSON after each point: --reuse resumes a stopped run from it
+        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
         print(f"rows {n}: {result.step} steps ({result.epoch} epochs), best step {point['best_step']}, "
               + "  ".join(f"{key} {v['tau']:.3f}" for key, v in point["real"].items()), flush=True)
 
@@ -166,7 +162,6 @@ def main() -> int:
         print(f"  {k}: {slope([p['rows'] for p in points], [p['real'][k]['tau'] for p in points]):+.3f}")
     png = Path(args.out).with_suffix(".png")
     plot(points, keys, png, f"demo recipe, {args.steps} steps a point, best held-out checkpoint")
-    Path(args.out).write_text(json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
     print(f"\nJSON: {args.out}\nPNG: {png}")
     return 0
 
