@@ -91,6 +91,27 @@ def test_format_report_puts_predicted_and_measured_side_by_side():
     assert ("best speculative: ngram K=1, predicted 0.750x, measured 0.700x (14.0 vs 20.0 tok/s without speculation, "
             "timed in alternation, 3 rounds 0.65x-0.72x;") in text
     assert "prediction +7.1%" in text and text.endswith("serve it: vllm serve T")
+    report["data"] = {"mine": "0.50 passes over 291 conversations: ..."}
+    assert format_report(report).endswith("serve it: vllm serve T\ndata (mine): 0.50 passes over 291 conversations: ...")
+
+
+def test_advise_quotes_the_data_rule_for_drafts_whose_checkpoint_records_their_data(tmp_path):
+    """A checkpoint's meta.json (2 + 30/60 passes over 60 conversations) gives a line; an export without
+    one, and a hub draft, give none."""
+    import json
+
+    from draftsmith.eval.advise_cli import data_rules
+    from draftsmith.serve.resolve import Draft
+
+    ckpt = tmp_path / "epoch_2_step_9"
+    (ckpt / "model" / "consolidated").mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({"data_order": {"train conversations": 60}, "data_epoch": 2,
+                                                "row_pos": 30}))
+    (tmp_path / "export").mkdir()
+    rules = data_rules({"mine": Draft("c", ckpt / "model" / "consolidated"), "exported": Draft("e", tmp_path / "export"),
+                        "hub": Draft("org/name")})
+    assert list(rules) == ["mine"] and rules["mine"].startswith("2.50 passes over 60 conversations")
+    assert "regenerate about 120 conversations" in rules["mine"]
 
 
 def test_paired_passes_alternate_with_the_other_server_paused(monkeypatch):

@@ -43,7 +43,11 @@ def fake_demo(monkeypatch, tmp_path):
             os.write(2, b"FutureWarning: an engine's warning\n")  # what the engines print goes to the log
             print("INFO an engine's log line")
             spend(515.0)  # a 495 s loop, then the final eval and save
-            return SimpleNamespace(checkpoint=tmp_path / "run" / "checkpoints" / "step_692", step=692, epoch=4,
+            ckpt = tmp_path / "run" / "checkpoints" / "step_692"
+            ckpt.mkdir(parents=True)  # the fields of meta.json the data line reads (4 + 97/291 passes)
+            (ckpt / "meta.json").write_text(json.dumps({"data_order": {"train conversations": 291},
+                                                        "data_epoch": 4, "row_pos": 97}))
+            return SimpleNamespace(checkpoint=ckpt, step=692, epoch=4,
                                    tokens=581_967, tokens_per_s=1176.0, wall_s=495.0,
                                    eval={"step_accuracy": [0.342, 0.269, 0.232], "simulated_tau": 1.476,
                                          "conditional_acceptance": [0.342, 0.5, 0.25],
@@ -155,6 +159,15 @@ def test_demo_prints_both_rates_and_the_held_out_coverage(fake_demo, capfd):
     assert rows["held-out acceptance"] == "step0 0.342  step1 0.500  step2 0.250   (step k given steps < k accepted)"
     assert rows["held-out tau"] == "1.476 simulated   (loss 5.1000, 9000 positions, draft-vocab coverage 0.987)"
     assert rows["training"] == "692 steps (4 epochs), 581967 tokens at 1176 tok/s, loop 495 s"
+
+
+def test_demo_quotes_the_data_rule_for_what_its_draft_saw(fake_demo, capfd):
+    """4 + 97/291 passes over 291 conversations: past one pass, so the line says to regenerate ~582."""
+    demo.run_demo(output=str(fake_demo), progress=False, check=False)
+    rows = table(capfd.readouterr().out)
+    assert rows["data"].startswith("4.33 passes over 291 conversations: at a fixed step budget new conversations "
+                                   "beat repeated passes")
+    assert rows["data"].endswith("regenerate about 582 conversations with `draftsmith regenerate` before training longer")
 
 
 def test_first_use_materialisation_is_announced_under_a_bar(monkeypatch, capsys):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from draftsmith.data.advice import data_seen
 from draftsmith.config import build_config
 from draftsmith.targets import Batch, Features
 from draftsmith.targets.contract import supervision_to
@@ -213,6 +214,7 @@ def test_packed_run_resumes_bitwise(tiny, tmp_path):
     full = train(run_config(tiny, tmp_path / "full", True, epochs=2, save_every=3), progress=False)
     mid = tmp_path / "full" / "checkpoints" / "epoch_0_step_3"  # mid-epoch: 12 of 16 conversations done
     assert json.loads((mid / "meta.json").read_text())["row_pos"] == 12
+    assert data_seen(json.loads((mid / "meta.json").read_text())) == (16, 0.75)  # what demo/advise quote from
     resumed = train(run_config(tiny, tmp_path / "resumed", True, epochs=2), resume=mid, progress=False)
     assert resumed.step == full.step == 8
     a, b = final_weights(full), final_weights(resumed)

