@@ -400,7 +400,8 @@ def run_config(target: Path, data_dir: Path, run_dir: Path, args: argparse.Names
                  "cache_dir": str(run_dir / "cache")},
         "training": {"strategy": "eagle3", "fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa",
                      "num_epochs": 50 if args.peer_schedule == "fit" else args.peer_epochs, "log_interval": 10,
-                     **({"ttt_length": args.peer_ttt_length} if args.peer_ttt_length else {})},
+                     **({"ttt_length": args.peer_ttt_length} if args.peer_ttt_length else {}),
+                     **({"learning_rate": args.peer_lr} if args.peer_lr else {})},
         "output_dir": str(run_dir / "out"),
     }
 
@@ -445,6 +446,7 @@ def main() -> int:
                     help="SpecForge's precision: match (ours: float32 where our side trains in float32) or bf16 (its "
                          "default torch_dtype, emulated ~30x slower on a CPU without native bf16)")
     ap.add_argument("--peer-ttt-length", type=int, default=None, help="its training.ttt_length (default: its own, 7)")
+    ap.add_argument("--peer-lr", type=float, default=None, help="its training.learning_rate (default: its own, 1e-4)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "peer_specforge.json"))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -482,7 +484,8 @@ def main() -> int:
             results = serve_all(str(target), Path(ours["checkpoint"]), Path(peer["checkpoint"]), sets, args.k,
                                 args.max_tokens, work, args.dtype, args.serve, peer_label=PEER)
     ttt = peer.get("recipe", {}).get("ttt_length")
-    peer_side = f"SpecForge 0.2.0 (its defaults, ttt_length {ttt}, {args.peer_schedule} LR)"
+    lr = peer.get("recipe", {}).get("learning_rate")
+    peer_side = f"SpecForge 0.2.0 (its defaults, ttt_length {ttt}, lr {lr}, {args.peer_schedule} LR)"
     finish_report(results, args, phases, out_path, report={"target": str(target), "data": data},
                   sides=((f"draftsmith ({args.recipe} recipe)", "draftsmith", ours), (peer_side, PEER, peer)),
                   peer_name="SpecForge's")

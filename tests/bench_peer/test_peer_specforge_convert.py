@@ -10,32 +10,26 @@ hand-made export with SpecForge's key names goes through ``vllm_draft``. Neither
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import runpy
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
 def peer():
-    return load("peer_specforge_bench", ROOT / "bench" / "peer_specforge.py")
+    return SimpleNamespace(**runpy.run_path(str(BENCH / "peer_specforge.py")))  # not as __main__: nothing runs
 
 
 @pytest.fixture(scope="module")
 def tiny_cache():
-    return load("peer_speculators_convert_test_sf", Path(__file__).with_name("test_peer_speculators_convert.py")).tiny_cache
+    return runpy.run_path(str(Path(__file__).with_name("test_peer_speculators_convert.py")))["tiny_cache"]
 
 
 def tiny_target(root: Path, hidden: int = 8, eps: float = 1e-5) -> tuple[Path, torch.Tensor]:
