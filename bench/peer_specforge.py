@@ -77,20 +77,27 @@ trainer; it has no CPU path, so this file also records what running it on a CPU 
    rounded to bf16, while ``to_hf.py:115`` lays the trained float32 state over it.
 6. **What vLLM serves**: vLLM 0.32 reads SpecForge's EAGLE-3 naming itself (``midlayer.`` ->
    ``layers.0.``: ``vllm/model_executor/models/llama_eagle3.py:291``; ``d2t`` as offsets, ``t2d`` skipped:
-   ``:426-429``), so the weights are not renamed. ``vllm_draft`` writes ``<run>/vllm_draft/`` with two
-   changes, both printed and kept in the JSON:
+   ``:426-429``), so the weights are not renamed, and for SmolLM2 the export serves as it is (checked
+   2026-12-06: the raw export and ``vllm_draft/`` of the same 53-step draft served with the same real
+   tau, 1.189 / 1.170 at K=1 on MT-Bench / mixed). ``vllm_draft`` writes ``<run>/vllm_draft/`` with two
+   changes that keep it right for other targets, both printed and kept in the JSON:
 
    - ``embed_tokens.weight`` dropped: ``to_hf.py:101`` loads the target's embedding into that bf16
-     draft, so the export carries it rounded to bf16; vLLM keeps a draft embedding that is not
-     bit-equal to the target's (``vllm/v1/spec_decode/llm_base_proposer.py:1446-1466``), so the draft
-     would embed with weights it never trained with (SpecForge trains with the target's own, float32
-     here). Without the key vLLM shares the target's embedding (``llama_eagle3.py:461``,
-     ``llm_base_proposer.py:1438``), which is what SpecForge trained against;
+     draft, so the export carries it rounded to bf16. SmolLM2 stores its weights in bf16, so here the
+     copy is bit-equal and vLLM shares the target's anyway; for a target stored in float32 or float16
+     vLLM would keep the rounded copy (``vllm/v1/spec_decode/llm_base_proposer.py:1446-1466``), and the
+     draft would embed with weights it never trained with (SpecForge trains with the target's own).
+     Without the key vLLM always shares the target's (``llama_eagle3.py:461``,
+     ``llm_base_proposer.py:1438``);
    - ``eagle_config.eagle_aux_hidden_state_layer_ids = [2, 15, 27]`` (the cache's ids, vLLM's numbering:
      the input of layer i) added: SpecForge's export names no layers and vLLM then falls back to its
      model default ``(2, N // 2, N - 3)`` (``vllm/model_executor/models/interfaces.py:1733``), the same
-     layers for SmolLM2's 30 only by coincidence; written out, the draft reads what it trained on
-     (``vllm/v1/worker/gpu_model_runner.py:5280``).
+     layers here only because the bench trains on that default (SpecForge's own default for a
+     target is [1, N // 2 - 1, N - 4] in its numbering, the same states:
+     ``algorithms/model_providers.py:203-204``); written out, the draft reads what it trained on
+     whatever the ids (``vllm/v1/worker/gpu_model_runner.py:5280``). A draft config that carries
+     ``eagle_config.eagle_aux_hidden_state_layer_ids`` itself is read by SpecForge in its numbering
+     (``model_providers.py:195-200``) and would reach vLLM one layer early; the key is overwritten.
 
    One semantic check, no change: SpecForge feeds the pre-norm state to the next TTT step and applies
    ``norm`` only for logits (``algorithms/eagle3/model.py:386-400``; ``llama3_eagle.py:1690``: its
