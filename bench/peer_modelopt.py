@@ -141,6 +141,7 @@ from peer_speculators import (  # noqa: E402  (bench/ on sys.path: the twin benc
     ensure_venv,
     finish_report,
     our_split_and_train,
+    prompt_sets,
     run_launcher,
     serve_all,
     side_by_side_args,
@@ -435,14 +436,10 @@ def main() -> int:
                     help="its answer_only_loss (default off, as its recipe: loss on every token)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "peer_modelopt.json"))
     args = ap.parse_args()
-    if any(k < 1 for k in args.k):
-        ap.error("-k: every K must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from draftsmith.models import resolve_target
     from draftsmith.train.demo import prepare_data
-    from recipe_sweep import spread_prompts
-
     out_path, work = start_bench(ap, args)  # runs/bench/peer_modelopt/: checkpoints, data, logs
     phases: dict[str, float] = {}
     t_all = time.perf_counter()
@@ -480,14 +477,7 @@ def main() -> int:
           f"{peer['train_s']:.0f} s (stopped by {peer['stopped_by']}; process {peer.get('process_s', 0):.0f} s)",
           flush=True)
 
-    from transformers import AutoTokenizer
-
-    from draftsmith.eval.prompts import load_prompts
-    from draftsmith.eval.speedup import render_prompts
-
-    tok = AutoTokenizer.from_pretrained(target)
-    sets = {s: render_prompts(tok, load_prompts(str(spread_prompts(s, args.prompts, work / f"prompts_{s}.jsonl"))))
-            for s in args.prompt_sets}
+    sets = prompt_sets(target, args, work)
     t = time.perf_counter()
     print(f"serving: target {target}, {args.prompts} prompts per set, {args.max_tokens} tokens, batch 1, "
           f"{args.dtype}, max_model_len {MAX_MODEL_LEN}", flush=True)

@@ -127,6 +127,7 @@ folder named after ``--out`` (default ``runs/bench/peer_speculators/``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -135,7 +136,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -288,11 +289,13 @@ def venv_python(venv: Path) -> Path:
 
 
 def ensure_venv(venv: Path, skip_install: bool, package: str = SPECULATORS,
-                modules: Sequence[str] = ("speculators", "hs_connectors"), who: str = "peer_speculators") -> tuple[Path, float]:
+                modules: Sequence[str] = ("speculators", "hs_connectors"), who: str = "peer_speculators",
+                deps: Sequence[str] = (), drop: Sequence[str] = DROP) -> tuple[Path, float]:
     """A peer's own venv (module docstring, step 1): ``package`` (a pip requirement, pinned) installed
-    after ``TORCH`` and with ``TORCH`` as the constraint, then ``DROP`` uninstalled; ``modules`` must
-    import beside transformers. (its python, seconds spent installing). bench/peer_modelopt.py uses
-    it for ModelOpt."""
+    after ``TORCH`` and with ``TORCH`` as the constraint, then ``drop`` uninstalled; ``modules`` must
+    import beside transformers. With ``deps``, ``package`` goes in with ``--no-deps`` and ``deps`` after
+    it (a package whose own pins clash with ``TORCH``). (its python, seconds spent installing).
+    bench/peer_modelopt.py uses it for ModelOpt, bench/peer_specforge.py for SpecForge."""
     py = venv_python(venv)
     if (venv / VENV_MARK).is_file():
         return py, 0.0
@@ -308,8 +311,11 @@ def ensure_venv(venv: Path, skip_install: bool, package: str = SPECULATORS,
     pip = [str(py), "-m", "pip", "install", "-q"]
     print(f"{who}: installing {package} into {venv} (pinned {TORCH})", flush=True)
     subprocess.run(pip + [TORCH], check=True)
-    subprocess.run(pip + ["-c", str(constraints), package], check=True)
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *DROP], check=False)
+    subprocess.run(pip + ["-c", str(constraints), *(["--no-deps"] if deps else []), package], check=True)
+    if deps:
+        subprocess.run(pip + ["-c", str(constraints), *deps], check=True)
+    if drop:
+        subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", *drop], check=False)
     dist = package.split("==")[0].split("[")[0]
     probe = (f"import torch, transformers, {', '.join(modules)}; from importlib.metadata import version; "
              f"assert torch.__version__.startswith('2.13.0'), torch.__version__; print(version({dist!r}))")
@@ -507,14 +513,16 @@ def train_peer(py: Path, target: str, data: dict, data_dir: Path, run_dir: Path,
 
 
 def run_launcher(who: str, py: Path, source: str, run_dir: Path, summary: Path, wall_s: float, rest: list[str],
-                 settings: dict, env: dict | None = None) -> dict:
-    """Run a peer's trainer: ``source`` written to a fresh ``run_dir``/launcher.py and run by the peer venv's
-    ``py`` as ``launcher.py SUMMARY WALL_S *rest``, offline, its output in ``run_dir``/train.log. The
-    launcher writes its training summary to ``summary``; returned with ``settings`` and the argv added.
-    bench/peer_modelopt.py shares it."""
+                 settings: dict, env: dict | None = None, files: dict[str, str] | None = None) -> dict:
+    """Run a peer's trainer: ``source`` written to a fresh ``run_dir``/launcher.py (with ``files``, name ->
+    text, beside it) and run by the peer venv's ``py`` as ``launcher.py SUMMARY WALL_S *rest``, offline, its
+    output in ``run_dir``/train.log. The launcher writes its training summary to ``summary``; returned with
+    ``settings`` and the argv added. bench/peer_modelopt.py and bench/peer_specforge.py share it."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
+    for name, text in (files or {}).items():
+        (run_dir / name).write_text(text)
     launcher = run_dir / "launcher.py"
     launcher.write_text(source)
     argv = [str(py), str(launcher), str(summary), str(wall_s), *rest]
@@ -542,7 +550,7 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     from draftsmith.train.loop import Trainer
     from recipe_sweep import variant_config
 
-    if args.family == "eagle3":
+    if getattr(args, "family", "eagle3") == "eagle3":  # peer_modelopt / peer_specforge: EAGLE-3 only, no --family
         raw = variant_config(args.recipe, run_dir, regen_dir, cache_dir)
         raw["train"]["max_time_s"] = float(args.wall_s)
         raw["output"]["tensorboard"] = False
@@ -682,17 +690,44 @@ def side_by_side_args(ap: argparse.ArgumentParser, served: Sequence[str], venv_n
 
 
 def start_bench(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, Path]:
-    """--recipe checked against bench/recipe_sweep.py's variants (ap.error otherwise); (the JSON report's
-    path, the work folder named after it: checkpoints, converted data, logs). Both peer benches start so."""
+    """--recipe checked against bench/recipe_sweep.py's variants and -k (every K >= 1; ap.error otherwise); (the
+    JSON report's path, the work folder named after it: checkpoints, converted data, logs). Every peer bench
+    starts so."""
     sys.path.insert(0, str(ROOT / "bench"))
     from recipe_sweep import VARIANTS
 
+    if any(k < 1 for k in args.k):
+        ap.error("-k: every K must be >= 1")
     if args.recipe != "demo" and args.recipe not in VARIANTS:
         ap.error(f"--recipe {args.recipe!r}: unknown; known: demo, {', '.join(VARIANTS)}")
     out_path = Path(args.out).resolve()
     work = out_path.parent / out_path.stem
     work.mkdir(parents=True, exist_ok=True)
     return out_path, work
+
+
+def prompt_sets(target: str, args: argparse.Namespace, work: Path) -> dict[str, list[list[int]]]:
+    """Each of ``--prompt-sets``: ``--prompts`` prompts spread over its categories (the files land in ``work``),
+    rendered with the target's chat template; what every peer bench serves."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.eval.prompts import load_prompts
+    from draftsmith.eval.speedup import render_prompts
+    from recipe_sweep import spread_prompts
+
+    tok = AutoTokenizer.from_pretrained(target)
+    return {s: render_prompts(tok, load_prompts(str(spread_prompts(s, args.prompts, work / f"prompts_{s}.jsonl"))))
+            for s in args.prompt_sets}
+
+
+@contextlib.contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """``phases[name]``: the seconds the block took, rounded to 0.1 (bench/peer_specforge.py's phases)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = round(time.perf_counter() - t, 1)
 
 
 def table(results: list[dict], sets: Sequence[str]) -> list[str]:
@@ -736,8 +771,6 @@ def main() -> int:
     if args.out is None:
         args.out = str(ROOT / "runs" / "bench" / ("peer_speculators.json" if args.family == "eagle3"
                                                   else f"peer_speculators_{args.family}.json"))
-    if any(k < 1 for k in args.k):
-        ap.error("-k: every K must be >= 1")
     if args.family != "eagle3" and args.recipe != "demo":
         ap.error(f"--recipe {args.recipe!r}: with --family {args.family} our side is bench/family_compare.py's "
                  f"{args.family} arm; --recipe picks EAGLE-3 recipes only")
@@ -749,8 +782,6 @@ def main() -> int:
 
     from draftsmith.models import resolve_target
     from draftsmith.train.demo import prepare_data
-
-    from recipe_sweep import spread_prompts
 
     out_path, work = start_bench(ap, args)  # runs/bench/peer_speculators/: checkpoints, data, logs
     phases: dict[str, float] = {}
@@ -793,14 +824,7 @@ def main() -> int:
     print(f"speculators: {peer['steps']} steps, {peer['tokens']} tokens in {peer['train_s']:.0f} s "
           f"(stopped by {peer['stopped_by']}; process {peer.get('process_s', 0):.0f} s)", flush=True)
 
-    from transformers import AutoTokenizer
-
-    from draftsmith.eval.prompts import load_prompts
-    from draftsmith.eval.speedup import render_prompts
-
-    tok = AutoTokenizer.from_pretrained(target)
-    sets = {s: render_prompts(tok, load_prompts(str(spread_prompts(s, args.prompts, work / f"prompts_{s}.jsonl"))))
-            for s in args.prompt_sets}
+    sets = prompt_sets(target, args, work)
     t = time.perf_counter()
     print(f"serving: target {target}, {args.prompts} prompts per set, {args.max_tokens} tokens, batch 1, "
           f"{args.dtype}", flush=True)
