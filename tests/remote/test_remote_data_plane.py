@@ -5,6 +5,8 @@ a server mid-run with the same final weights."""
 
 import http.client
 import json
+import os
+import socket
 import threading
 import time
 import uuid
@@ -109,31 +111,64 @@ def test_handshake_input_is_checked(pair):
     assert status == 409 and json.loads(data)["redo"] == "vocab-map"
 
 
-def listeners_beyond_loopback() -> set:
-    """(address, port) of every listening TCP socket of this network namespace not on loopback."""
+def socket_inodes(pids) -> set:
+    """The inodes of the sockets the processes ``pids`` hold open (their /proc/<pid>/fd links)."""
     out = set()
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                link = os.readlink(f"{fd_dir}/{name}")
+            except OSError:  # closed while we looked
+                continue
+            if link.startswith("socket:["):
+                out.add(link[len("socket:["):-1])
+    return out
+
+
+def listeners_beyond_loopback(pids) -> set:
+    """(address, port) of every listening TCP socket not on loopback that one of ``pids`` holds: only this
+    test's processes count, since another test (another pytest-xdist worker, a vLLM server) may listen on
+    any address of the same network namespace meanwhile."""
+    mine, out = socket_inodes(pids), set()
     for path, loopback in (("/proc/net/tcp", "0100007F"), ("/proc/net/tcp6", "00000000000000000000000001000000")):
         try:
             lines = open(path).read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
-            local, state = line.split()[1], line.split()[3]
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
             addr, port = local.split(":")
-            if state == "0A" and addr != loopback:  # 0A = LISTEN
+            if state == "0A" and addr != loopback and inode in mine:  # 0A = LISTEN
                 out.add((addr, int(port, 16)))
     return out
+
+
+def test_the_listener_check_sees_this_process_listening_on_every_address():
+    """The check below can fail: a socket of this process listening on 0.0.0.0 (no traffic is sent) is seen."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen(1)
+        assert ("00000000", s.getsockname()[1]) in listeners_beyond_loopback([os.getpid()])
+        assert ("00000000", s.getsockname()[1]) not in listeners_beyond_loopback([])
 
 
 def test_a_loopback_server_opens_its_channel_on_loopback_only(pair):
     target, _, servers = pair
     up(servers)
-    before = listeners_beyond_loopback()
+    pids = [os.getpid(), servers[0].proc.pid]
+    before = listeners_beyond_loopback(pids)
     with RemoteEngine(str(target), urls=[servers[0].url], data_plane="gloo") as eng:
         eng.set_vocab_map(None)
         eng.supervise("eagle3", batches(1)[0], AUX)
         assert eng.servers[0].channel is not None
-        assert listeners_beyond_loopback() == before  # store and gloo pair bound to 127.0.0.1, not *
+        assert socket_inodes(pids)  # the check sees the sockets these processes hold
+        assert listeners_beyond_loopback(pids) == before  # store and gloo pair bound to 127.0.0.1, not *
 
 
 def test_client_gone_mid_session_closes_it_and_the_server_stays_up(pair):
