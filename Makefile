@@ -46,13 +46,19 @@ suffix: install
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/draftsmith demo --minutes $(MINUTES)
 
+# Test worker processes (pytest-xdist): one per core, at most 4 (each may hold a vLLM engine); a test
+# file is the unit handed out (--dist loadfile), so a module's fixtures (a trained tiny draft, a vLLM
+# host) are built once. TEST_WORKERS=0 runs every test in one process, in order.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n > 4 ? 4 : n )))
+PYTEST := HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 # Everything CI runs (.ci/run), real vLLM engines included; `gpu` tests skip without CUDA.
 test: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs tests
+	$(PYTEST) tests
 
 # The inner loop: no engine starts (no vLLM, no SmolLM2), no `slow` subprocess/torchrun runs, no GPU.
 test-quick: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs -m "not vllm and not smollm2 and not slow and not gpu" tests
+	$(PYTEST) -m "not vllm and not smollm2 and not slow and not gpu" tests
 
 # The docs site into site/ (mkdocs build --strict: a broken link or anchor fails); docs-ref rewrites the
 # reference pages generated from the code (config keys, CLI, layouts, wire protocol, errors), which

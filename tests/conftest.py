@@ -15,6 +15,34 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs one worker per core, ``--dist loadfile``) each worker does
+    its in-process torch work on one thread: N workers x the default N threads on N cores would spin
+    against each other (the suite's tiny models run fastest on one thread anyway, see
+    tests/integration/conftest.py); subprocesses (torchrun ranks, vLLM servers) keep their own settings."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files with engine tests (``vllm``) first, then those with ``slow`` ones, then the rest, each file's
+    tests in their own order. pytest-xdist hands out whole files in this order (``--dist loadfile``), so
+    the long ones start early and the short ones fill the gaps, instead of one worker finishing a
+    six-minute file alone at the end (the longest-first rule of job scheduling). Every worker collects the
+    same items and sorts them the same way, as xdist requires. Without xdist the order changes nothing."""
+    rank: dict = {}
+    for item in items:
+        path = str(item.path)
+        r = 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
+        rank[path] = min(rank.get(path, 2), r)
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(str(item.path), i)
+    items.sort(key=lambda item: (rank[str(item.path)], first[str(item.path)]))
+
+
 @pytest.fixture(scope="session")
 def vllm_inproc(tmp_path_factory):
     """The session's one in-process vLLM host (tests/vllm_inproc.py): started on first use, so a run without
