@@ -53,6 +53,20 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def real_taus(draft: Path, prompt_files: dict[str, Path], ks: list[int], max_new_tokens: int) -> dict:
+    """{"<set>@K<k>": {tau, acceptance_per_position}}: the exact eval (HF target, fp32, greedy; equal to vLLM's)
+    of checkpoint ``draft`` on each prompt file at each K."""
+    from draftsmith.eval.offline import run_eval
+
+    out = {}
+    for name, prompts in prompt_files.items():
+        for k in ks:
+            o = run_eval(target="smollm2", draft=str(draft), prompts=str(prompts), k=k, max_new_tokens=max_new_tokens,
+                         dtype="float32", plain=False, progress=False)["overall"]
+            out[f"{name}@K{k}"] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
+    return out
+
+
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys against log2(xs): tau gained per doubling of the data."""
     lx = [math.log2(x) for x in xs]
@@ -102,7 +116,6 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     from draftsmith.config import build_config
-    from draftsmith.eval.offline import run_eval
     from draftsmith.train.demo import demo_config, prepare_data
     from draftsmith.train.loop import train
 
@@ -139,12 +152,7 @@ def main() -> int:
                  "held_out_tau": result.best.score if result.best else None, "real": {}}
         # the best held-out checkpoint (keep_best), else the last one
         draft = result.best.checkpoint if result.best and result.best.checkpoint else result.checkpoint
-        for s in args.prompt_sets:
-            for k in args.k:
-                o = run_eval(target="smollm2", draft=str(draft),
-                             prompts=str(prompt_files[s]), k=k, max_new_tokens=args.max_new_tokens,
-                             dtype="float32", plain=False, progress=False)["overall"]
-                point["real"][f"{s}@K{k}"] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
+        point["real"] = real_taus(draft, prompt_files, args.k, args.max_new_tokens)
         points.append(point)  # the JSON after each point: --reuse resumes a stopped run from it
         write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
         print(f"rows {n}: {result.step} steps ({result.epoch} epochs), best step {point['best_step']}, "
