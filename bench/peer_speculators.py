@@ -46,7 +46,10 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
      attention would skip the other documents' blocks), so 8192 costs 16x the attention per step;
    - ``--num-workers 0`` (``--peer-num-workers``): its default 12 spawned loader processes on 2 cores
      would import torch 12 times inside the budget; loading a row is a file read;
-   - ``--on-missing raise``: every sample is on disk, there is no vLLM to generate one.
+   - ``--on-missing raise``: every sample is on disk, there is no vLLM to generate one;
+   - ``--hidden-states-dtype`` = the feature cache's dtype (``--peer-hs-dtype``), the precision our side
+     trains in: float32 on a CPU without native bf16, where its default bf16 autocast is emulated (run with
+     bf16 on 2026-12-06, its trainer made 3 steps in 774 s of a 600-s budget against our 74).
 
    In-process patches in the launcher (installed files are never edited):
 
@@ -54,7 +57,7 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
      the launcher makes it ``"cpu"`` (and the checkpointer's resume device too);
    - autocast: ``Trainer.device_type`` falls back to "cuda" without an accelerator, so
      ``torch.autocast("cuda", bf16)`` is disabled with a warning and the recipe would run in fp32; the
-     launcher sets it to "cpu" (bf16 autocast on the CPU, as ours runs);
+     launcher sets it to "cpu" (autocast in the dtype above, as ours);
    - ``torch.accelerator.synchronize()`` (its step timer, every ``--log-freq`` step) raises without
      an accelerator; made a no-op when none is available;
    - **the wall budget**: its trainer has only ``--max-steps``/``--epochs``, so ``run_training`` is
@@ -63,7 +66,7 @@ What it does, in order (each phase timed; the times land in the JSON's ``phases_
      validation and saves excluded, as ours excludes its final eval and save): after the step at which
      W seconds have passed it sets ``max_steps`` to the current step, so its own loop breaks there and
      its own checkpointer saves that model as the last epoch's checkpoint, which is what is served;
-   - with ``--hidden-states-dtype float32`` (``--family dflash`` here: the cache's dtype) torch's Muon
+   - with ``--hidden-states-dtype float32`` (the default wherever the cache is float32) torch's Muon
      orthogonalisation (``torch.optim._muon._zeropower_via_newtonschulz``, which casts the update to
      bf16) runs the same 5 Newton-Schulz steps in float32: on a CPU without native bf16 the bf16 one is
      emulated and took ~10 min of the smoke run's first DFlash step (5 layers, 36 Muon matrices);
@@ -761,8 +764,8 @@ def main() -> int:
                     help=f"--family dflash: speculators' --max-anchors per packed batch (default {PEER_DFLASH_ANCHORS}: "
                          "the block positions per step of our arm; its own default is 512)")
     ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
-                    help="speculators' --hidden-states-dtype (its loader dtype and autocast): default its own bfloat16 "
-                         "for eagle3; for dflash the feature cache's dtype, the precision our side trains in")
+                    help="speculators' --hidden-states-dtype (its loader dtype and autocast): default the feature "
+                         "cache's dtype, the precision our side trains in (its own default is bfloat16)")
     ap.add_argument("--out", default=None, help="JSON report (default runs/bench/peer_speculators.json; with "
                                                 "--family dflash runs/bench/peer_speculators_dflash.json)")
     args = ap.parse_args()
@@ -794,7 +797,7 @@ def main() -> int:
     t = time.perf_counter()
     regen_dir, cache_dir, _ = prepare_data(progress=False)
     target = str(resolve_target("smollm2"))
-    if args.family != "eagle3" and args.peer_hs_dtype is None:
+    if args.peer_hs_dtype is None:  # the precision our side trains in (the demo's: the cache's dtype)
         from draftsmith.cache.store import read_manifest
 
         args.peer_hs_dtype = read_manifest(Path(cache_dir))["dtype"]  # float32 where the CPU has no native bf16
