@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from data_curve import HELD_OUT, conversations, real_taus, write_jsonl  # noqa: E402
+from data_curve import add_eval_args, conversations, demo_split, real_taus, write_jsonl  # noqa: E402
 from draftsmith.data.regenerated import regenerated_manifest, write_text_atomic  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402
 
@@ -129,11 +129,7 @@ def main() -> int:
     budget = ap.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=None, help="training wall time per arm (default 600)")
     budget.add_argument("--steps", type=int, default=None, help="optimizer steps per arm instead of seconds")
-    ap.add_argument("-k", type=int, nargs="+", default=[1, 3])
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_eval_args(ap)
     ap.add_argument("--reuse", action="store_true", help="keep arms an earlier run with the same settings finished")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "data_ab.json"))
     args = ap.parse_args()
@@ -148,14 +144,11 @@ def main() -> int:
 
     from draftsmith.cache.build import build_cache
     from draftsmith.config import build_config
-    from draftsmith.train.demo import demo_config, prepare_data
+    from draftsmith.train.demo import demo_config
     from draftsmith.train.loop import train
 
-    regen_dir, _, _ = prepare_data(progress=False)
+    _, _, held_out, pool = demo_split()
     root = Path(args.out).with_suffix("")
-    convs = conversations(regen_dir)
-    random.Random(0).shuffle(convs)
-    held_out, pool = convs[:HELD_OUT], convs[HELD_OUT:]
     held_file = write_jsonl(held_out, root / "held_out.jsonl")
     train_rows = {name: arm_rows(parts, pool, held_out) for name, parts in arms.items()}
 

@@ -47,10 +47,30 @@ def conversations(regen_dir: Path) -> list[dict]:
     return [row for name in read_manifest(regen_dir)["shards"] for row in shard_rows(regen_dir / name)]
 
 
+def demo_split() -> tuple[Path, Path, list[dict], list[dict]]:
+    """(the demo's regenerate dir, its feature cache, held-out conversations, training pool): the demo's data
+    (built once, reused) shuffled once with seed 0, the first HELD_OUT held out for every point or arm."""
+    from draftsmith.train.demo import prepare_data
+
+    regen_dir, cache_dir, _ = prepare_data(progress=False)
+    convs = conversations(regen_dir)
+    random.Random(0).shuffle(convs)
+    return regen_dir, cache_dir, convs[:HELD_OUT], convs[HELD_OUT:]
+
+
 def write_jsonl(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def add_eval_args(ap: argparse.ArgumentParser) -> None:
+    """The exact eval's flags (K, prompts, sets, tokens) and --threads, as data_curve and data_ab take them."""
+    ap.add_argument("-k", type=int, nargs="+", default=[1, 3])
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
 
 
 def real_taus(draft: Path, prompt_files: dict[str, Path], ks: list[int], max_new_tokens: int) -> dict:
@@ -102,11 +122,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150, help="optimizer steps per point (equal for all)")
     ap.add_argument("--eval-every", type=int, default=25, help="held-out evaluations for keep_best / early stop")
     ap.add_argument("--patience", type=int, default=3, help="train.early_stop_patience (0: train every step)")
-    ap.add_argument("-k", type=int, nargs="+", default=[1, 3])
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_eval_args(ap)
     ap.add_argument("--reuse", action="store_true", help="keep points an earlier run with the same settings finished")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "data_curve.json"))
     args = ap.parse_args()
@@ -116,17 +132,14 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     from draftsmith.config import build_config
-    from draftsmith.train.demo import demo_config, prepare_data
+    from draftsmith.train.demo import demo_config
     from draftsmith.train.loop import train
 
-    regen_dir, cache_dir, _ = prepare_data(progress=False)
+    regen_dir, cache_dir, held_out, pool = demo_split()
     root = Path(args.out).with_suffix("")
-    convs = conversations(regen_dir)
-    random.Random(0).shuffle(convs)
-    held_out, pool = convs[:HELD_OUT], convs[HELD_OUT:]
     if max(args.rows) > len(pool):
         raise SystemExit(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
-                         f"of {regen_dir} ({len(convs)} less {HELD_OUT} held out)")
+                         f"of {regen_dir} ({len(pool) + HELD_OUT} less {HELD_OUT} held out)")
     held_file = write_jsonl(held_out, root / "held_out.jsonl")
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
     settings = {k: v for k, v in vars(args).items() if k not in ("rows", "reuse", "out", "threads")}
