@@ -115,10 +115,15 @@ def arm_rows(parts: list[tuple[str, int | None, int | None]], pool: list[dict],
     return rows, report
 
 
+def messages_key(conv: dict) -> str:
+    """A conversation's messages as canonical JSON: what makes two rows the same row."""
+    return json.dumps(conv.get("messages"), sort_keys=True)
+
+
 def fingerprint(rows: list[dict]) -> str:
     h = hashlib.sha256()
     for r in rows:
-        h.update(json.dumps(r.get("messages"), sort_keys=True).encode() + b"|")
+        h.update(messages_key(r).encode() + b"|")
     return h.hexdigest()[:16]
 
 
@@ -127,7 +132,7 @@ def main() -> int:
     ap.add_argument("--arm", action="append", required=True, metavar="NAME=PART[,PART...]",
                     help="an arm and its training rows (repeat; the first is the baseline of the ratios)")
     budget = ap.add_mutually_exclusive_group()
-    budget.add_argument("--seconds", type=float, default=None, help="training wall time per arm (default 600)")
+    budget.add_argument("--seconds", type=float, default=600.0, help="training wall time per arm (default 600)")
     budget.add_argument("--steps", type=int, default=None, help="optimizer steps per arm instead of seconds")
     add_eval_args(ap)
     ap.add_argument("--reuse", action="store_true", help="keep arms an earlier run with the same settings finished")
@@ -136,7 +141,6 @@ def main() -> int:
     arms = dict(parse_arm(a) for a in args.arm)
     if len(arms) != len(args.arm):
         raise SystemExit("data_ab: two --arm share a name; give each its own")
-    seconds = args.seconds if args.seconds is not None or args.steps is not None else 600.0
     if args.threads:
         import torch
 
@@ -156,7 +160,7 @@ def main() -> int:
     union, seen = [], set()
     for rows, _ in train_rows.values():
         for r in rows:
-            key = json.dumps(r.get("messages"), sort_keys=True)
+            key = messages_key(r)
             if key not in seen:
                 seen.add(key)
                 union.append(r)
@@ -185,7 +189,7 @@ def main() -> int:
                           engine="cache", cache_dir=str(cache_dir))
         raw["data"]["eval_sources"] = [str(held_file)]
         raw["train"].update(epochs=10_000, log_every=25,
-                            **({"max_steps": args.steps} if args.steps else {"max_time_s": float(seconds)}))
+                            **({"max_steps": args.steps} if args.steps else {"max_time_s": args.seconds}))
         raw["output"]["tensorboard"] = False
         t0 = time.perf_counter()
         result = train(build_config(raw, f"data_ab:{name}"), progress=False)
