@@ -37,10 +37,8 @@ def pytest_collection_modifyitems(session, config, items):
         path = str(item.path)
         r = 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
         rank[path] = min(rank.get(path, 2), r)
-    first = {}
-    for i, item in enumerate(items):
-        first.setdefault(str(item.path), i)
-    items.sort(key=lambda item: (rank[str(item.path)], first[str(item.path)]))
+    # pytest collects a file's tests together and sort is stable: files keep their order within a rank
+    items.sort(key=lambda item: rank[str(item.path)])
 
 
 @pytest.fixture(scope="session")
