@@ -52,9 +52,10 @@ def test_check_always_agree_pair_reports_tau_k_plus_1_on_both_sides(tmp_path, ca
     rc = main(["check", "--target", str(target), "--draft", str(draft), "--prompts", str(prompt_file(tmp_path)),
                "-k", str(K), "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--max-model-len", "512",
                "--out", str(out), "--quiet"])
-    printed = capsys.readouterr().out
-    print(printed)
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    log = out / "serve.log"
+    # exit 2 says why on stderr only (--quiet): keep it, and the server's own words, in the failure
+    assert rc == 0, f"{captured.out}\n{captured.err}\n{log.read_text()[-3000:] if log.exists() else ''}"
     rep = json.loads((out / "check.json").read_text())
     assert rep["served"]["tau"] == pytest.approx(K + 1) and rep["offline"]["tau"] == pytest.approx(K + 1)
     assert rep["served"]["acceptance_per_position"] == [1.0] * K == rep["offline"]["acceptance_per_position"]
@@ -96,7 +97,7 @@ def test_check_names_wrong_layer_ids_of_a_running_server(tmp_path, capsys):
                    "--url", s.base, "--max-tokens", str(WRONG_TOKENS), "--ignore-eos", "--out", str(out), "--quiet"])
     captured = capsys.readouterr()
     print(captured.out, captured.err)
-    assert rc == 1, captured.out
+    assert rc == 1, f"{captured.out}\n{captured.err}\n{(tmp_path / 'serve.log').read_text()[-3000:]}"
     rep = json.loads((out / "check.json").read_text())
     assert rep["verdict"] == "shortfall" and rep["served"]["tau"] < rep["offline"]["tau"]
     layers = next(c for c in rep["causes"] if c["cause"] == "layer ids and their order")

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from deadline import hang_guard, wait_until
-from draftsmith.serve.process import ServerProcess, free_port
+from draftsmith.serve.process import ServerProcess, ServerStartError, free_port
 
 
 def state(pid: int) -> str:
@@ -57,3 +57,38 @@ finally:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 143, res.stderr
     assert res.stdout.splitlines() == ["cleanup ran", "default restored: True"]
+
+
+def test_a_server_whose_port_was_taken_meanwhile_starts_once_more_on_a_fresh_port(tmp_path):
+    """free_port's port bound by someone else before the server binds it: the server exits with
+    "Address already in use"; ServerProcess starts it again with a fresh ``--port`` and moves ``base``."""
+    import socket
+    import urllib.request
+
+    code = ("import http.server, sys; port = int(sys.argv[sys.argv.index('--port') + 1]); "
+            "http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler).serve_forever()")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        argv = [sys.executable, "-c", code, "--port", str(taken)]
+        with hang_guard(what="a server started twice"), \
+                ServerProcess(argv, taken, tmp_path / "s.log", ready_s=30, health="/", stop_s=20) as srv:
+            assert srv.port != taken and srv.argv[-1] == str(srv.port)
+            assert srv.base == f"http://127.0.0.1:{srv.port}"
+            with urllib.request.urlopen(srv.base + "/", timeout=10) as r:
+                assert r.status == 200
+
+
+def test_a_server_that_fails_for_another_reason_is_not_started_again(tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)", "--port", str(port)]
+    srv = ServerProcess(argv, port, tmp_path / "s.log", ready_s=30, health="/", stop_s=20)
+    try:
+        with hang_guard(what="a failing server"):
+            srv.__enter__()
+    except ServerStartError as e:
+        assert "exited with 3" in str(e) and "bad flag" in str(e)
+    else:
+        raise AssertionError("a server that exits must raise ServerStartError")
+    assert srv.port == port

@@ -129,6 +129,7 @@ class Served:
 
         try:
             self.proc.__enter__()
+            self.base = self.proc.base  # a fresh port if the first was taken meanwhile
         except ServerStartError as e:
             first = str(e).splitlines()[0][:200]
             raise EvalError(f"vLLM server did not start ({first}); see its log {self.log}") from None

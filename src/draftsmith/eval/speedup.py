@@ -119,7 +119,6 @@ def serve_prompt_sets(name: str, argv: Sequence[str], port: int, sets: dict[str,
     """
     from draftsmith.serve.process import ServerProcess
 
-    base = f"http://127.0.0.1:{port}"
     server_env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                   **(env or {})}
     if preload:  # vLLM CPU warns that speculative decoding is much slower without Intel OpenMP preloaded
@@ -127,8 +126,8 @@ def serve_prompt_sets(name: str, argv: Sequence[str], port: int, sets: dict[str,
     client = HttpClient(retries=2, timeout_s=600.0)
     out: dict[str, dict] = {}
     t0 = time.monotonic()
-    with ServerProcess(argv, port, log, env=server_env, ready_s=ready_s, stop_s=60):
-        ready = time.monotonic() - t0
+    with ServerProcess(argv, port, log, env=server_env, ready_s=ready_s, stop_s=60) as srv:
+        ready, base = time.monotonic() - t0, srv.base  # a fresh port if the first was taken meanwhile
         model = client.get_json(base + "/v1/models")["data"][0]["id"]
 
         def complete(ids: Sequence[int]) -> list[int]:

@@ -65,6 +65,25 @@ class ServerProcess:
         self.proc: Optional[subprocess.Popen] = None
 
     def __enter__(self) -> "ServerProcess":
+        """Start and wait for health. ``free_port`` only says a port was free when it asked: another
+        process (a second server starting beside this one picks its internal ports the same way) can
+        bind it before this server does. A server that exits saying so is started once more on a fresh
+        port (``--port`` in argv and :attr:`base` follow), so callers read :attr:`base` after entering."""
+        try:
+            return self._start()
+        except ServerStartError as e:
+            if not (self._port_taken(str(e)) and "--port" in self.argv[:-1]):
+                raise
+        fresh = free_port()
+        i = self.argv.index("--port")
+        self.argv[i + 1], self.port, self.base = str(fresh), fresh, f"http://127.0.0.1:{fresh}"
+        return self._start()
+
+    @staticmethod
+    def _port_taken(message: str) -> bool:
+        return "exited with" in message and ("Address already in use" in message or "Errno 98" in message)
+
+    def _start(self) -> "ServerProcess":
         with open(self.log, "w") as fh:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True)
