@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/data_ab.py --arm demo=demo --arm copy=demo,runs/data/copy-regen-160
         [--seconds 600 | --steps N] [-k 1 3] [--prompts 6] [--prompt-sets mt_bench mixed] [--max-new-tokens 96]
+        [--multi-turn-sets mt_bench]
         [--threads N] [--reuse] [--out runs/bench/data_ab.json]
 
 An arm is ``NAME=PART[,PART...]``, its training rows the union of its parts:
@@ -18,7 +19,10 @@ An arm is ``NAME=PART[,PART...]``, its training rows the union of its parts:
 
 Every arm is scored on the same 24 held-out demo conversations (the first 24 of the demo's rows after one
 seeded shuffle: bench/data_curve.py's split) and by the exact eval (`draftsmith eval`: HF target, fp32,
-greedy; equal to vLLM's) on the first --prompts prompts of each --prompt-sets, spread over their categories.
+greedy; equal to vLLM's) on the first --prompts prompts of each --prompt-sets, spread over their categories;
+``--multi-turn-sets mt_bench`` also scores those prompts turn after turn (MT-Bench's second turns follow the
+target's own first answer: where multi-turn data should pay), and with --reuse scores the reused arms'
+checkpoints on just the keys they lack.
 One feature cache serves every arm: built once over the union of all arms' rows (the demo's cache settings:
 max_length 2048, aux layers [2, 15, 27] + the last pre-norm state, the demo's precision), kept under
 ``<out stem>/cache-<fingerprint of the rows>`` and reused by a later run over the same rows.
@@ -46,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from data_curve import add_eval_args, conversations, demo_split, real_taus, write_jsonl  # noqa: E402
+from data_curve import (add_eval_args, conversations, demo_split, eval_keys, fill_real, real_taus,  # noqa: E402
+                        write_jsonl)
 from draftsmith.data.regenerated import regenerated_manifest, write_text_atomic  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402
 
@@ -174,7 +179,8 @@ def main() -> int:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
-    settings = {k: v for k, v in vars(args).items() if k not in ("arm", "reuse", "out", "threads")}
+    # multi_turn_sets only adds keys: a reused arm is scored on the ones it lacks (fill_real)
+    settings = {k: v for k, v in vars(args).items() if k not in ("arm", "reuse", "out", "threads", "multi_turn_sets")}
     old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
     done = {r["arm"]: r for r in old.get("arms", []) if old.get("settings") == settings}
     results = []
@@ -183,6 +189,8 @@ def main() -> int:
         spec = ",".join(part_label(*p) for p in parts)
         if name in done and done[name]["spec"] == spec:
             results.append(done[name])
+            if fill_real(done[name], prompt_files, args, fallback=root / name):  # the run dir: its LATEST
+                write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
             continue
         run_dir = root / name
         raw = demo_config(str(run_dir), [str(write_jsonl(rows, root / f"train_{name}.jsonl"))],
@@ -195,14 +203,14 @@ def main() -> int:
         result = train(build_config(raw, f"data_ab:{name}"), progress=False)
         arm = {"arm": name, "spec": spec, "parts": report, "train_rows": len(rows), "steps": result.step,
                "tokens": result.tokens, "epochs": result.epoch, "train_s": round(time.perf_counter() - t0, 1),
-               "held_out_tau": result.eval.get("simulated_tau"),
-               "real": real_taus(result.checkpoint, prompt_files, args.k, args.max_new_tokens)}
+               "held_out_tau": result.eval.get("simulated_tau"), "draft": str(result.checkpoint),
+               "real": real_taus(result.checkpoint, prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets)}
         results.append(arm)  # the JSON after each arm: --reuse resumes a stopped run from it
         write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
         print(f"{name}: {len(rows)} rows, {result.step} steps, {result.tokens:,} tokens  "
               + "  ".join(f"{key} {v['tau']:.3f}" for key, v in arm["real"].items()), flush=True)
 
-    keys = list(results[0]["real"])
+    keys = eval_keys(args.prompt_sets, args.k, args.multi_turn_sets)
     base = results[0]
     print("\n| arm | rows | steps | tokens seen | held-out sim tau | " + " | ".join(keys) + " |")
     print("|---|---|---|---|---|" + "---|" * len(keys))

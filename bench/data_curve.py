@@ -29,6 +29,7 @@ import math
 import random
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,21 +71,53 @@ def add_eval_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--prompt-sets", nargs="+", default=["mt_bench", "mixed"])
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--multi-turn-sets", nargs="*", default=[], metavar="SET",
+                    help="also score these of --prompt-sets turn after turn (each turn asked after the target's "
+                         "answer to the one before, `draftsmith eval --multi-turn`): keys <set>+turns@K<k>")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
 
 
-def real_taus(draft: Path, prompt_files: dict[str, Path], ks: list[int], max_new_tokens: int) -> dict:
+def eval_keys(prompt_sets: list[str], ks: list[int], multi_turn_sets: list[str] = ()) -> list[str]:
+    """The keys :func:`real_taus` fills, in its order: ``<set>@K<k>``, then ``<set>+turns@K<k>``."""
+    return ([f"{s}@K{k}" for s in prompt_sets for k in ks]
+            + [f"{s}+turns@K{k}" for s in prompt_sets if s in multi_turn_sets for k in ks])
+
+
+def real_taus(draft: Path, prompt_files: dict[str, Path], ks: list[int], max_new_tokens: int,
+              multi_turn_sets: list[str] = (), only: Optional[set] = None) -> dict:
     """{"<set>@K<k>": {tau, acceptance_per_position}}: the exact eval (HF target, fp32, greedy; equal to vLLM's)
-    of checkpoint ``draft`` on each prompt file at each K."""
+    of checkpoint ``draft`` on each prompt file at each K; for the sets in ``multi_turn_sets`` also every turn
+    of each prompt (``<set>+turns@K<k>``: MT-Bench's second turns follow the target's own first answer).
+    ``only``: just these keys (the ones a reused run lacks)."""
     from draftsmith.eval.offline import run_eval
 
     out = {}
-    for name, prompts in prompt_files.items():
-        for k in ks:
-            o = run_eval(target="smollm2", draft=str(draft), prompts=str(prompts), k=k, max_new_tokens=max_new_tokens,
-                         dtype="float32", plain=False, progress=False)["overall"]
-            out[f"{name}@K{k}"] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
+    for key in eval_keys(list(prompt_files), ks, multi_turn_sets):
+        if only is not None and key not in only:
+            continue
+        name, _, k = key.rpartition("@K")
+        multi = name.endswith("+turns")
+        o = run_eval(target="smollm2", draft=str(draft), prompts=str(prompt_files[name.removesuffix("+turns")]),
+                     k=int(k), max_new_tokens=max_new_tokens, multi_turn=multi, dtype="float32", plain=False,
+                     progress=False)["overall"]
+        out[key] = {"tau": o["tau"], "acceptance_per_position": o.get("acceptance_per_position")}
     return out
+
+
+def fill_real(entry: dict, prompt_files: dict[str, Path], args, fallback: Optional[Path] = None) -> bool:
+    """A reused point or arm scored on the keys this run asks for that it lacks (a --multi-turn-sets added
+    later), from the checkpoint it recorded (``entry["draft"]``, else ``fallback``) -> whether any was added."""
+    want = eval_keys(list(prompt_files), args.k, args.multi_turn_sets)
+    missing = {k for k in want if k not in entry["real"]}
+    if not missing:
+        return False
+    draft = entry.get("draft") or fallback
+    if draft is None:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: a reused entry records no checkpoint to score "
+                         f"{sorted(missing)} on; rerun without --reuse")
+    entry["real"].update(real_taus(Path(draft), prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets,
+                                   only=missing))
+    return True
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -142,13 +175,16 @@ def main() -> int:
                          f"of {regen_dir} ({len(pool) + HELD_OUT} less {HELD_OUT} held out)")
     held_file = write_jsonl(held_out, root / "held_out.jsonl")
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
-    settings = {k: v for k, v in vars(args).items() if k not in ("rows", "reuse", "out", "threads")}
+    # multi_turn_sets only adds keys: a reused point is scored on the ones it lacks (fill_real)
+    settings = {k: v for k, v in vars(args).items() if k not in ("rows", "reuse", "out", "threads", "multi_turn_sets")}
     old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
     done = {p["rows"]: p for p in old.get("points", []) if old.get("settings") == settings}
     points = []
     for n in sorted(args.rows):
         if n in done:
             points.append(done[n])
+            if fill_real(done[n], prompt_files, args):
+                write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
             continue
         run_dir = root / f"rows_{n}"
         raw = demo_config(str(run_dir), [str(write_jsonl(pool[:n], root / f"train_{n}.jsonl"))],
@@ -165,13 +201,14 @@ def main() -> int:
                  "held_out_tau": result.best.score if result.best else None, "real": {}}
         # the best held-out checkpoint (keep_best), else the last one
         draft = result.best.checkpoint if result.best and result.best.checkpoint else result.checkpoint
-        point["real"] = real_taus(draft, prompt_files, args.k, args.max_new_tokens)
+        point["draft"] = str(draft)
+        point["real"] = real_taus(draft, prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets)
         points.append(point)  # the JSON after each point: --reuse resumes a stopped run from it
         write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
         print(f"rows {n}: {result.step} steps ({result.epoch} epochs), best step {point['best_step']}, "
               + "  ".join(f"{key} {v['tau']:.3f}" for key, v in point["real"].items()), flush=True)
 
-    keys = list(points[0]["real"])
+    keys = eval_keys(args.prompt_sets, args.k, args.multi_turn_sets)
     print("\n| conversations | steps | epochs | best step | held-out sim tau | " + " | ".join(keys) + " |")
     print("|---|---|---|---|---|" + "---|" * len(keys))
     for p in points:

@@ -92,3 +92,34 @@ def test_turns_cut_each_conversation_to_its_first_exchanges(ab, tmp_path):
     d = regen_dir(tmp_path / "multi", [three, conv("q9", "a9")])
     rows, report = ab.arm_rows([(str(d), None, 1)], [], [])
     assert sorted(len(r["messages"]) for r in rows) == [2, 3] and report == {f"{d}@1": {"rows": 2, "dropped_held_out": 0}}
+
+
+def test_multi_turn_keys_follow_the_single_turn_ones_and_a_reused_entry_is_scored_on_the_missing_only(ab, monkeypatch,
+                                                                                                       tmp_path):
+    import sys
+
+    curve = sys.modules["data_curve"]  # data_ab imports it from bench/
+    assert ab.eval_keys(["mt_bench", "mixed"], [1, 3], ["mt_bench"]) == [
+        "mt_bench@K1", "mt_bench@K3", "mixed@K1", "mixed@K3", "mt_bench+turns@K1", "mt_bench+turns@K3"]
+    assert ab.eval_keys(["mt_bench"], [1], []) == ["mt_bench@K1"]
+
+    calls = []
+
+    def fake_real_taus(draft, prompt_files, ks, max_new_tokens, multi_turn_sets=(), only=None):
+        calls.append((draft, sorted(only)))
+        return {k: {"tau": 2.0} for k in only}
+
+    monkeypatch.setattr(curve, "real_taus", fake_real_taus)
+    files = {"mt_bench": tmp_path / "a.jsonl", "mixed": tmp_path / "b.jsonl"}
+    args = SimpleNamespace(k=[1], max_new_tokens=8, multi_turn_sets=["mt_bench"])
+    entry = {"real": {"mt_bench@K1": {"tau": 1.5}, "mixed@K1": {"tau": 1.2}}}
+    assert ab.fill_real(entry, files, args, fallback=tmp_path / "run") is True
+    assert calls == [(tmp_path / "run", ["mt_bench+turns@K1"])]
+    assert entry["real"]["mt_bench@K1"] == {"tau": 1.5} and entry["real"]["mt_bench+turns@K1"] == {"tau": 2.0}
+    assert ab.fill_real(entry, files, args) is False and len(calls) == 1  # nothing missing: nothing runs
+    entry["draft"] = str(tmp_path / "best")  # a recorded checkpoint wins over the fallback
+    del entry["real"]["mixed@K1"]
+    ab.fill_real(entry, files, args, fallback=tmp_path / "run")
+    assert calls[-1] == (tmp_path / "best", ["mixed@K1"])
+    with pytest.raises(SystemExit, match="rerun without --reuse"):
+        ab.fill_real({"real": {}}, files, args)
