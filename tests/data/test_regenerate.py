@@ -281,6 +281,41 @@ def test_cli_bad_input_is_one_line(target, data, tmp_path):
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_vllm_sampled_answers_run_on_the_cpu_and_repeat_with_the_seed(target, tmp_path):
+    """12 prompts of ~440 tokens overflow vLLM's 4,096-token step budget, so with chunked prefill one is
+    prefilled in part, and vLLM rewinds that request's seeded generator, which a CPU generator cannot
+    (the engine died: "CPU Generator does not use offset"). regenerate turns chunked prefill off for
+    sampled runs on the CPU: both runs finish, answer every prompt, and the seeds make them equal."""
+    pytest.importorskip("vllm")
+    words = " ".join(f"apple{j}" for j in range(60))
+    long = write_jsonl(tmp_path / "long.jsonl", [{"messages": [{"role": "user", "content": f"Count to {i}. {words}"}]}
+                                                 for i in range(12)])
+    args = ["--target", target, "--data", long, "--engine", "vllm", "--dtype", "float32", "--max-new-tokens", "8",
+            "--max-prompt-tokens", "500", "--temperature", "1.0", "--seed", "3", "--no-progress"]
+    outs = [tmp_path / "one", tmp_path / "two"]
+    for out in outs:
+        r = cli(*args, "--out", out)
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, two = rows(outs[0]), rows(outs[1])
+    assert len(one) == 12 and all(row["messages"][-1]["role"] == "assistant" for row in one)
+    assert [row["messages"] for row in one] == [row["messages"] for row in two]
+    # sampled, not greedy: a random tiny target's greedy answer differs from a temperature-1 draw somewhere
+    assert any(row["messages"][-1]["content"] != greedy(target, row["messages"][:-1], 8) for row in one[:4])
+
+
+def test_sampling_on_the_cpu_turns_chunked_prefill_off_and_the_budget_holds_a_whole_prompt():
+    from draftsmith.data.generators import cpu_sampling_kwargs
+
+    assert cpu_sampling_kwargs(0.0, {"max_model_len": 2048}, on_cpu=True) == {}  # greedy draws nothing
+    assert cpu_sampling_kwargs(0.8, {"max_model_len": 2048}, on_cpu=False) == {}  # CUDA generators rewind
+    assert cpu_sampling_kwargs(0.8, {"max_model_len": 2048}, on_cpu=True) == {
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096}
+    assert cpu_sampling_kwargs(0.8, {"max_model_len": 8192, "max_num_batched_tokens": 512}, on_cpu=True) == {
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_answers_equal_greedy_turn_by_turn(target, data, tmp_path):
     pytest.importorskip("vllm")
     out = tmp_path / "regen"
