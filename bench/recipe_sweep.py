@@ -54,11 +54,12 @@ VARIANTS: dict[str, dict] = {
 
 def spread_prompts(prompt_set: str, n: int, out: Path) -> Path:
     """The first ``n`` prompts of ``prompt_set`` taken round-robin over its categories (MT-Bench lists
-    10 writing prompts first), written as a prompt file ``draftsmith eval`` reads."""
+    10 writing prompts first), written as a prompt file ``draftsmith eval`` reads, every user turn kept
+    (a reader asks for the first only unless it reads turn after turn: ``--multi-turn``)."""
     from draftsmith.eval.prompts import load_prompts
 
     by_cat: dict[str, list] = {}
-    for p in load_prompts(prompt_set):
+    for p in load_prompts(prompt_set, multi_turn=True):
         by_cat.setdefault(p.category, []).append(p)
     chosen, i = [], 0
     while len(chosen) < n and any(i < len(v) for v in by_cat.values()):

@@ -123,3 +123,20 @@ def test_multi_turn_keys_follow_the_single_turn_ones_and_a_reused_entry_is_score
     assert calls[-1] == (tmp_path / "best", ["mixed@K1"])
     with pytest.raises(SystemExit, match="rerun without --reuse"):
         ab.fill_real({"real": {}}, files, args)
+
+
+def test_the_prompt_spread_keeps_every_turn_and_single_turn_readers_still_read_the_first(tmp_path):
+    """The multi-turn scores (``<set>+turns``) read MT-Bench's second turns from this file: a spread that
+    kept only first turns scored them equal to the single-turn ones (seen: every +turns figure equal)."""
+    import sys
+
+    from draftsmith.eval.prompts import load_prompts
+
+    sys.path.insert(0, str(BENCH))
+    from recipe_sweep import spread_prompts
+
+    path = spread_prompts("mt_bench", 3, tmp_path / "p.jsonl")
+    whole = load_prompts(str(path), multi_turn=True)
+    assert [len(p.turns) for p in whole] == [2, 2, 2]
+    assert len({p.category for p in whole}) == 3  # round-robin over the categories
+    assert [p.turns for p in load_prompts(str(path))] == [p.turns[:1] for p in whole]
