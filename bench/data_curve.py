@@ -29,8 +29,8 @@ import math
 import random
 import sys
 import time
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))

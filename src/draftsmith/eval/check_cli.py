@@ -144,7 +144,7 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
                 first = str(e).splitlines()[0][:200]
                 raise EvalError(f"vLLM server did not start ({first}); see its log {out_dir / 'serve.log'}, or "
                                 "allow more time with --ready-timeout") from None
-            launched = {"argv": plan.argv, "speculative_config": plan.spec}
+            launched = {"argv": srv.argv, "speculative_config": plan.spec}  # srv's: its port if it moved
             facts.update(dtype=facts["dtype"] or dtype, k=k, max_model_len=facts["max_model_len"] or max_model_len,
                          draft_dir=facts["draft_dir"] or plan.prepared.path)
         config = {"target": str(target_path), "draft": str(draft_dir), "prompts": str(prompts), "k": k,
