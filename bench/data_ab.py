@@ -184,13 +184,17 @@ def main() -> int:
     old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
     done = {r["arm"]: r for r in old.get("arms", []) if old.get("settings") == settings}
     results = []
+
+    def save() -> None:  # after each arm: --reuse resumes a stopped run from the JSON
+        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
+
     for name, parts in arms.items():
         rows, report = train_rows[name]
         spec = ",".join(part_label(*p) for p in parts)
         if name in done and done[name]["spec"] == spec:
             results.append(done[name])
             if fill_real(done[name], prompt_files, args, fallback=root / name):  # the run dir: its LATEST
-                write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
+                save()
             continue
         run_dir = root / name
         raw = demo_config(str(run_dir), [str(write_jsonl(rows, root / f"train_{name}.jsonl"))],
@@ -205,8 +209,8 @@ def main() -> int:
                "tokens": result.tokens, "epochs": result.epoch, "train_s": round(time.perf_counter() - t0, 1),
                "held_out_tau": result.eval.get("simulated_tau"), "draft": str(result.checkpoint),
                "real": real_taus(result.checkpoint, prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets)}
-        results.append(arm)  # the JSON after each arm: --reuse resumes a stopped run from it
-        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
+        results.append(arm)
+        save()
         print(f"{name}: {len(rows)} rows, {result.step} steps, {result.tokens:,} tokens  "
               + "  ".join(f"{key} {v['tau']:.3f}" for key, v in arm["real"].items()), flush=True)
 

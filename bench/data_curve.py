@@ -180,11 +180,15 @@ def main() -> int:
     old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
     done = {p["rows"]: p for p in old.get("points", []) if old.get("settings") == settings}
     points = []
+
+    def save() -> None:  # after each point: --reuse resumes a stopped run from the JSON
+        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+
     for n in sorted(args.rows):
         if n in done:
             points.append(done[n])
             if fill_real(done[n], prompt_files, args):
-                write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+                save()
             continue
         run_dir = root / f"rows_{n}"
         raw = demo_config(str(run_dir), [str(write_jsonl(pool[:n], root / f"train_{n}.jsonl"))],
@@ -203,8 +207,8 @@ def main() -> int:
         draft = result.best.checkpoint if result.best and result.best.checkpoint else result.checkpoint
         point["draft"] = str(draft)
         point["real"] = real_taus(draft, prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets)
-        points.append(point)  # the JSON after each point: --reuse resumes a stopped run from it
-        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+        points.append(point)
+        save()
         print(f"rows {n}: {result.step} steps ({result.epoch} epochs), best step {point['best_step']}, "
               + "  ".join(f"{key} {v['tau']:.3f}" for key, v in point["real"].items()), flush=True)
 
