@@ -4,6 +4,8 @@ Python's own http.server stands in for the HTTP server, with a SIGTERM handler a
 import subprocess
 import sys
 
+import pytest
+
 from deadline import hang_guard, wait_until
 from draftsmith.serve.process import ServerProcess, ServerStartError, free_port
 
@@ -84,11 +86,7 @@ def test_a_server_that_fails_for_another_reason_is_not_started_again(tmp_path):
     port = free_port()
     argv = [sys.executable, "-c", "import sys; print('bad flag'); sys.exit(3)", "--port", str(port)]
     srv = ServerProcess(argv, port, tmp_path / "s.log", ready_s=30, health="/", stop_s=20)
-    try:
-        with hang_guard(what="a failing server"):
-            srv.__enter__()
-    except ServerStartError as e:
-        assert "exited with 3" in str(e) and "bad flag" in str(e)
-    else:
-        raise AssertionError("a server that exits must raise ServerStartError")
+    with hang_guard(what="a failing server"), pytest.raises(ServerStartError) as e:
+        srv.__enter__()
+    assert "exited with 3" in str(e.value) and "bad flag" in str(e.value)
     assert srv.port == port
