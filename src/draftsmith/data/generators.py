@@ -138,8 +138,7 @@ class VLLMGenerator(_Rendered):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
         from vllm import LLM
 
-        max_model_len = s.max_prompt_tokens + s.max_new_tokens
-        kwargs = {"model": target, "dtype": dtype, "seed": s.seed, "max_model_len": max_model_len,
+        kwargs = {"model": target, "dtype": dtype, "seed": s.seed, "max_model_len": s.max_prompt_tokens + s.max_new_tokens,
                   "enable_prefix_caching": True, **(engine_kwargs or {})}
         kwargs.update(cpu_sampling_kwargs(s.temperature, kwargs))
         self.llm = LLM(**kwargs)
