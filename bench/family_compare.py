@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the recipe sweep)
 
 # arm -> (recipe file whose draft/train sections it takes, or None for the demo's recipe;
-#         draft overrides; the K values its exact eval runs)
+#         overrides: draft keys, or ``train.<key>`` for the train section; the K values its exact eval runs)
 ARMS: dict[str, tuple] = {
     "eagle3": (None, {}, (1, 3)),
     # issue 38's lever, the Qwen3-shaped layer (q/k norms, on in the demo's recipe since this A/B): the demo's
@@ -47,6 +47,10 @@ ARMS: dict[str, tuple] = {
     "eagle3_layer": (None, {"init_layer_from_target": 27}, (1, 3)),
     "eagle3_llama_layer": (None, {"qk_norm": False, "init_layer_from_target": 27}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
+    # DFlash at a short budget (bench/peer_speculators.py --family dflash trains ~60 steps in 600 s on one core):
+    # the recipe's 30 warmup steps are half the run; block 4 trains only the positions K <= 3 serves
+    "dflash_w5": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3, 7)),
+    "dflash_b4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
 }
@@ -57,7 +61,9 @@ def arm_config(name: str, run_dir: Path, regen_dir: Path, cache_dir: Path, secon
     from draftsmith.train.demo import demo_config
 
     raw = demo_config(str(run_dir), [str(regen_dir)], engine="cache", cache_dir=str(cache_dir))
-    recipe, over, _ = ARMS[name]
+    recipe, arm_over, _ = ARMS[name]
+    over = {k: v for k, v in arm_over.items() if not k.startswith("train.")}
+    train_over = {k.removeprefix("train."): v for k, v in arm_over.items() if k.startswith("train.")}
     if recipe is None:  # the demo's own draft section, with the arm's changes
         raw["draft"] = {**raw["draft"], **over}
     else:
@@ -68,6 +74,7 @@ def arm_config(name: str, run_dir: Path, regen_dir: Path, cache_dir: Path, secon
         raw["data"].pop("draft_vocab_size", None)  # block drafts predict the full vocab (the target's lm_head)
     # one precision for every arm, the demo's (bf16 only where this machine runs it natively: train/precision.py)
     raw["train"].update(epochs=50, max_time_s=float(seconds), log_every=10, bf16=raw["target"]["dtype"] == "bfloat16")
+    raw["train"].update(train_over)
     raw["output"]["tensorboard"] = False
     return raw
 

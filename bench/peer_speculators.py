@@ -561,7 +561,7 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     else:  # bench/family_compare.py's arm: the family's recipe on the demo's data and cache, max_time_s = W
         from family_compare import arm_config
 
-        raw = arm_config(args.family, run_dir, regen_dir, cache_dir, args.wall_s)
+        raw = arm_config(getattr(args, "our_arm", None) or args.family, run_dir, regen_dir, cache_dir, args.wall_s)
         args.mask_token_id = raw["draft"]["mask_token_id"]
         args.our_block_size = raw["draft"]["block_size"]
     cfg = build_config(raw, "peer_speculators:draftsmith")
@@ -763,6 +763,9 @@ def main() -> int:
     ap.add_argument("--peer-max-anchors", type=int, default=None,
                     help=f"--family dflash: speculators' --max-anchors per packed batch (default {PEER_DFLASH_ANCHORS}: "
                          "the block positions per step of our arm; its own default is 512)")
+    ap.add_argument("--our-arm", default=None,
+                    help="--family dflash: bench/family_compare.py's DFlash arm our side trains (default dflash; "
+                         "dflash_w5 / dflash_b4: the short-budget recipes)")
     ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
                     help="speculators' --hidden-states-dtype (its loader dtype and autocast): default the feature "
                          "cache's dtype, the precision our side trains in (its own default is bfloat16)")
@@ -781,6 +784,13 @@ def main() -> int:
         ap.error("--peer-block-size / --peer-max-anchors are DFlash settings (--family dflash)")
     if args.family == "dflash" and args.peer_max_anchors is None:
         args.peer_max_anchors = PEER_DFLASH_ANCHORS
+    if args.our_arm is not None:
+        from family_compare import ARMS
+
+        ours = sorted(a for a in ARMS if a.startswith("dflash"))
+        if args.family != "dflash" or args.our_arm not in ours:
+            ap.error(f"--our-arm {args.our_arm!r}: expected one of bench/family_compare.py's DFlash arms "
+                     f"({', '.join(ours)}) with --family dflash")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from draftsmith.models import resolve_target
@@ -836,7 +846,8 @@ def main() -> int:
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
-    our_recipe = f"{args.recipe} recipe" if args.family == "eagle3" else f"family_compare's {args.family} arm"
+    our_recipe = (f"{args.recipe} recipe" if args.family == "eagle3"
+                  else f"family_compare's {args.our_arm or args.family} arm")
     peer_recipe = f"{args.family}, default recipe, {args.peer_schedule} LR"
     finish_report(results, args, phases, out_path, report={"target": target, "data": data},
                   sides=((f"draftsmith ({our_recipe})", "draftsmith", ours),
