@@ -7,12 +7,13 @@
 
 An arm is ``NAME=PART[,PART...]``, its training rows the union of its parts:
 
-- ``demo``: the demo's training pool (`draftsmith.train.demo.prepare_data`: SmolLM2's own greedy answers to
-  ShareGPT first turns), less the held-out split below;
+- ``demo``: the demo's training pool (`draftsmith.train.demo.prepare_data`: SmolLM2's own answers to
+  ShareGPT first turns, sampled at temperature 0.8 since 2026-12-06, greedy before), less the held-out split
+  below;
 - ``DIR[@TURNS][:N]``: the conversations of a `draftsmith regenerate` output dir (all, or the first N after
   one seeded shuffle; with ``@TURNS``, each cut to its first TURNS exchanges), e.g. copy-heavy rows (``builtin:mix?summarization=80&extraction=80&...``), the demo's
-  prompts regenerated with ``--temperature 0.8`` (an arm without ``demo``: sampled answers instead of
-  greedy ones), or several turns (``--max-turns 3``; ``DIR@1`` is the same conversations' first turns, the
+  prompts regenerated greedy (``--temperature 0``, the same ``--max-rows 320 --seed 0``: the demo's data before
+  it was sampled), or several turns (``--max-turns 3``; ``DIR@1`` is the same conversations' first turns, the
   arm to hold it against). A conversation whose first user message is a held-out
   row's is dropped from it (counted in the JSON), so a re-answered demo prompt never trains on the held-out
   split.

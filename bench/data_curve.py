@@ -4,8 +4,8 @@
         [-k 1 3] [--prompts 6] [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--threads N] [--reuse]
         [--out runs/bench/data_curve.json]
 
-The data and feature cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own greedy answers
-to ShareGPT first turns, built once and reused). Its conversations are shuffled once (seed 0): the first 24
+The data and feature cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own answers to
+ShareGPT first turns, sampled at temperature 0.8 since 2026-12-06, greedy before; built once and reused). Its conversations are shuffled once (seed 0): the first 24
 are the held-out split of every point (``data.eval_sources``, so every point is scored on the same rows),
 the rest is the training pool, and point N trains on the pool's first N (nested: each point's rows contain
 the smaller points'). Every point is the demo's recipe trained for the same --steps optimizer steps (so a

