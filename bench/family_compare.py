@@ -51,6 +51,10 @@ ARMS: dict[str, tuple] = {
     # the recipe's 30 warmup steps are half the run; block 4 trains only the positions K <= 3 serves
     "dflash_w5": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3, 7)),
     "dflash_b4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3)),
+    "dflash_b4w30": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0}, (1, 3)),
+    # the demo's EAGLE-3 optimizer (Muon on the 2-D hidden maps; speculators' DFlash trainer uses Muon too)
+    "dflash_b4_muon": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.optimizer": "muon"},
+                       (1, 3)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
 }

@@ -765,7 +765,7 @@ def main() -> int:
                          "the block positions per step of our arm; its own default is 512)")
     ap.add_argument("--our-arm", default=None,
                     help="--family dflash: bench/family_compare.py's DFlash arm our side trains (default dflash; "
-                         "dflash_w5 / dflash_b4: the short-budget recipes)")
+                         "the other dflash_* arms: its short-budget variants)")
     ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
                     help="speculators' --hidden-states-dtype (its loader dtype and autocast): default the feature "
                          "cache's dtype, the precision our side trains in (its own default is bfloat16)")

@@ -39,7 +39,11 @@ def test_dflash_arms_share_the_recipe_and_differ_only_in_their_overrides(fc, tmp
     b4 = raws["dflash_b4"]
     assert b4["draft"] == {**base["draft"], "block_size": 4} and b4["train"] == w5["train"]
     assert fc.ARMS["dflash_b4"][2] == (1, 3)  # a block of 4 drafts at most K = 3
-    for name, raw in raws.items():  # every arm is a config the trainer accepts
+    muon = fc.arm_config("dflash_b4_muon", tmp_path / "m", tmp_path / "regen", tmp_path / "cache", 600)
+    assert muon["train"] == {**base["train"], "optimizer": "muon"} and muon["draft"] == b4["draft"]
+    for name in [a for a in fc.ARMS if a.startswith("dflash")]:  # every DFlash arm is a config the trainer accepts
+        raw = fc.arm_config(name, tmp_path / name, tmp_path / "regen", tmp_path / "cache", 600)
         cfg = build_config(raw, f"family_compare:{name}")
         assert cfg.train.warmup_steps == raw["train"]["warmup_steps"]
+        assert cfg.train.optimizer == raw["train"].get("optimizer", "adamw")
         assert cfg.draft.block_size == raw["draft"]["block_size"]
