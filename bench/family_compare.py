@@ -47,8 +47,8 @@ ARMS: dict[str, tuple] = {
     "eagle3_layer": (None, {"init_layer_from_target": 27}, (1, 3)),
     "eagle3_llama_layer": (None, {"qk_norm": False, "init_layer_from_target": 27}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
-    # DFlash at a short budget (bench/peer_speculators.py --family dflash trains ~60 steps in 600 s on one core):
-    # the recipe's 30 warmup steps are half the run; block 4 trains only the positions K <= 3 serves
+    # DFlash at a short budget (600 s on one core: ~60 steps in fp32, ~190 in bf16): fewer warmup steps (lost),
+    # block 4 (trains only the positions K <= 3 serves; won) and Muon (won most): docs/benchmarks.md
     "dflash_w5": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3, 7)),
     "dflash_b4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3)),
     "dflash_b4w30": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0}, (1, 3)),
