@@ -561,7 +561,7 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     else:  # bench/family_compare.py's arm: the family's recipe on the demo's data and cache, max_time_s = W
         from family_compare import arm_config
 
-        raw = arm_config(getattr(args, "our_arm", None) or args.family, run_dir, regen_dir, cache_dir, args.wall_s)
+        raw = arm_config(args.our_arm, run_dir, regen_dir, cache_dir, args.wall_s)
         args.mask_token_id = raw["draft"]["mask_token_id"]
         args.our_block_size = raw["draft"]["block_size"]
     cfg = build_config(raw, "peer_speculators:draftsmith")
@@ -791,6 +791,8 @@ def main() -> int:
         if args.family != "dflash" or args.our_arm not in ours:
             ap.error(f"--our-arm {args.our_arm!r}: expected one of bench/family_compare.py's DFlash arms "
                      f"({', '.join(ours)}) with --family dflash")
+    if args.family != "eagle3":
+        args.our_arm = args.our_arm or args.family  # the family_compare arm our side trains
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from draftsmith.models import resolve_target
@@ -847,7 +849,7 @@ def main() -> int:
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
     our_recipe = (f"{args.recipe} recipe" if args.family == "eagle3"
-                  else f"family_compare's {args.our_arm or args.family} arm")
+                  else f"family_compare's {args.our_arm} arm")
     peer_recipe = f"{args.family}, default recipe, {args.peer_schedule} LR"
     finish_report(results, args, phases, out_path, report={"target": target, "data": data},
                   sides=((f"draftsmith ({our_recipe})", "draftsmith", ours),
