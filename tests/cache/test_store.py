@@ -1,6 +1,8 @@
 """The cache's on-disk format: shards round-trip by key, bytes are deterministic, writes are atomic."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,3 +69,39 @@ def test_missing_and_foreign_caches_are_one_line_errors(tmp_path):
 
 def test_bytes_per_token():
     assert store.bytes_per_token(3, 576, "bfloat16") == 4 + 1 + 4 * 576 * 2  # SmolLM2: ~4.6 KB a token
+
+
+def test_write_atomic_survives_a_second_writer_of_the_same_file(tmp_path, monkeypatch):
+    """Two processes writing one manifest at once (two benches preparing the demo's data): the second
+    writer runs between the first one's write and its rename. With one shared ``name.tmp`` the second
+    rename moved the first writer's file away and the first rename raised FileNotFoundError."""
+    path = tmp_path / "manifest.json"
+    real_replace = os.replace
+    calls = []
+
+    def interleaved(src, dst):
+        calls.append(Path(src).name)
+        if len(calls) == 1:  # the first writer is about to rename: the second one writes all the way through
+            store.write_atomic(path, b"second")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(store.os, "replace", interleaved)
+    store.write_atomic(path, b"first")
+    assert path.read_bytes() == b"first"  # the last rename wins, whole
+    assert len(set(calls)) == 2  # each writer renamed a file of its own
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]  # no temporary file left behind
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_write_atomic_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "manifest.json"
+    path.write_bytes(b"old")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        store.write_atomic(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]

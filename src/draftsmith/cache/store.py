@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -76,14 +77,22 @@ def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through ``path.tmp`` + fsync + ``os.replace`` (never half-written)."""
+    """Write ``data`` to ``path`` through a temporary file beside it + fsync + ``os.replace`` (never
+    half-written). The temporary name is unique per call: two processes finishing the same step at once
+    (two benches preparing the demo's data) each replace their own file, and the last one wins whole,
+    where one shared ``path.tmp`` let the second writer's rename find the file already moved."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is read as an ordinary file would be
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_manifest(cache_dir: Path, manifest: dict) -> None:
