@@ -55,6 +55,14 @@ ARMS: dict[str, tuple] = {
     # the demo's EAGLE-3 optimizer (Muon on the 2-D hidden maps; speculators' DFlash trainer uses Muon too)
     "dflash_b4_muon": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.optimizer": "muon"},
                        (1, 3)),
+    # more from one step at this budget: twice the blocks per conversation (the step sees 2x the supervised
+    # positions); a higher learning rate; two draft layers instead of three (more steps)
+    "dflash_b4_muon_a64": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "num_anchors": 64,
+                                                   "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_lr4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 4.0e-3,
+                                                   "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_l2": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "num_draft_layers": 2,
+                                                  "train.optimizer": "muon"}, (1, 3)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
 }
