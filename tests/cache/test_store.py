@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,45 @@ def test_write_atomic_leaves_nothing_when_the_write_fails(tmp_path, monkeypatch)
         store.write_atomic(path, b"new")
     assert path.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+
+
+def test_stale_temps_go_and_a_write_in_flight_stays(tmp_path, monkeypatch):
+    """A second process preparing the same dir clears temporaries while the first is between its write and
+    its rename: the live temporary must stay, or the first writer's os.replace fails. A killed write's goes:
+    its process is gone (this host), it is old (another host's), or it has no owner in its name."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that was a writer's and is no longer alive
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        old = time.time() - store.STALE_TEMP_S - 5
+        names = {
+            f".shard-000001.safetensors.{store._HOST}-{gone.pid}.a1b2.tmp": None,  # killed: goes
+            f".shard-000002.safetensors.{store._HOST}-{live.pid}.c3d4.tmp": None,  # in flight: stays
+            f".shard-000003.safetensors.{store._HOST}-{live.pid}.e5f6.tmp": old,  # stuck past the age: goes
+            ".shard-000004.safetensors.other-host-7-8-9.g7h8.tmp": None,  # another host's, young: stays
+            ".shard-000005.safetensors.other-host-7.i9j0.tmp": old,  # another host's, old: goes
+            "shard-000006.safetensors.tmp": None,  # the unowned form: goes
+        }
+        for name, t in names.items():
+            (tmp_path / name).write_bytes(b"half a shard")
+            if t is not None:
+                os.utime(tmp_path / name, (t, t))
+        path = tmp_path / "manifest.json"
+        real_replace, removed = os.replace, []
+
+        def interleaved(src, dst):
+            assert Path(src).name.startswith(f".manifest.json.{store._HOST}-{os.getpid()}.")
+            removed.append(store.remove_stale_temps(tmp_path, "*.tmp"))  # the other process's clean-up, mid-write
+            real_replace(src, dst)
+
+        monkeypatch.setattr(store.os, "replace", interleaved)
+        store.write_atomic(path, b"first")
+        assert removed == [4] and path.read_bytes() == b"first"
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [".shard-000002.safetensors." + f"{store._HOST}-{live.pid}.c3d4.tmp",
+             ".shard-000004.safetensors.other-host-7-8-9.g7h8.tmp", "manifest.json"])
+    finally:
+        live.kill()
+        live.wait()
+    assert store.remove_stale_temps(tmp_path, "*.tmp") == 1  # the writer is gone now: its temporary goes
+    assert store.remove_stale_temps(tmp_path / "gone", "*.tmp") == 0  # a dir not made yet holds none

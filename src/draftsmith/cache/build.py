@@ -120,8 +120,7 @@ def _prepare(out: Path, manifest: dict, plan: _Plan, log: Callable[[str], None])
         raise CacheError(f"--out {out}: the directory is not empty and holds no {store.MANIFEST}; "
                          f"pass a new or empty --out dir")
     out.mkdir(parents=True, exist_ok=True)
-    for tmp in out.glob("*.tmp"):  # left by a killed write; never listed, so never read
-        tmp.unlink()
+    store.remove_stale_temps(out, "*.tmp")  # a killed write's; a live one (another process's) stays
     done = {s: e for s in range(plan.n_shards) if (e := _shard_on_disk(out, plan, s)) is not None}
     if len(done) == plan.n_shards and old is not None and old.get("complete"):
         log(f"cache: {out} is already complete ({len(plan.rows)} rows); nothing to do")

@@ -23,7 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -82,7 +85,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     (two benches preparing the demo's data) each replace their own file, and the last one wins whole,
     where one shared ``path.tmp`` let the second writer's rename find the file already moved."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is read as an ordinary file would be
         with os.fdopen(fd, "wb") as f:
@@ -93,6 +96,54 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# A temporary whose owner cannot be told (another host's, or a reused pid) is a killed write's once it is this
+# old: write_atomic holds its temporary for one write + fsync (seconds for a 100 MB shard).
+STALE_TEMP_S = 600.0
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+_OWNED = re.compile(r"\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+
+
+def _temp_prefix(path: Path) -> str:
+    """``.<name>.<host>-<pid>.``: the writer of a temporary is in its name, so a clean-up can tell a killed
+    write's (its process is gone) from another live process's write in flight."""
+    return f".{path.name}.{_HOST}-{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temps(out: Path, pattern: str, min_age_s: float = STALE_TEMP_S) -> int:
+    """Delete the temporaries in ``out`` matching ``pattern`` that no live write owns (a kill -9 mid-write
+    leaves them; nothing lists them, so nothing reads them): one named by this host and a process that is
+    gone, one in the old unowned form (``shard-000003.safetensors.tmp``), or one last written ``min_age_s``
+    ago or more. A temporary of a live process on this host, or a young one of another host's, may be a
+    write in flight (two benches preparing the demo's data at once): deleting it would make that writer's
+    ``os.replace`` fail, so it stays. Returns how many were deleted."""
+    now, n = time.time(), 0
+    for tmp in Path(out).glob(pattern):
+        m = _OWNED.search(tmp.name)
+        try:
+            if m is None:
+                dead = True
+            elif m["host"] == _HOST and int(m["pid"]) != os.getpid():
+                dead = not _alive(int(m["pid"])) or now - tmp.stat().st_mtime >= min_age_s
+            else:
+                dead = now - tmp.stat().st_mtime >= min_age_s
+            if dead:
+                tmp.unlink()
+                n += 1
+        except FileNotFoundError:  # its writer renamed or removed it meanwhile
+            pass
+    return n
 
 
 def write_manifest(cache_dir: Path, manifest: dict) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from draftsmith import console, ranked
-from draftsmith.cache.store import target_fingerprint
+from draftsmith.cache.store import remove_stale_temps, target_fingerprint
 # the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
 from draftsmith.data.regenerated import (FORMAT, MANIFEST, VERSION, RegenError, RegenMismatch,  # noqa: F401
                                          check_resume, finish, read_manifest, shard_name, write_text_atomic)
@@ -228,8 +228,7 @@ def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> 
     """Rank 0, before any rank writes a shard: clear temporaries, check (or write) the manifest's
     settings and list the shards already on disk (written whole, so a file on disk is done)."""
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tmp*"):  # a kill -9 mid-write leaves these; they never count
-        stale.unlink()
+    remove_stale_temps(out, "*.tmp*")  # a killed write's; a live one (another process's) stays
     manifest = read_manifest(out)
     if manifest is not None:
         check_resume(out / MANIFEST, manifest["settings"], settings_now)
