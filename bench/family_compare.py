@@ -46,6 +46,8 @@ ARMS: dict[str, tuple] = {
     # (the one init_from_target's fc passes through), `--arms eagle3 eagle3_layer`
     "eagle3_layer": (None, {"init_layer_from_target": 27}, (1, 3)),
     "eagle3_llama_layer": (None, {"qk_norm": False, "init_layer_from_target": 27}, (1, 3)),
+    # the learning-rate lever DFlash's short-budget A/B found, on the demo's recipe (lr 2e-3): `--arms eagle3 eagle3_lr4`
+    "eagle3_lr4": (None, {"train.lr": 4.0e-3}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     # DFlash at a short budget (600 s on one core: ~60 steps in fp32, ~190 in bf16): fewer warmup steps (lost),
     # block 4 (trains only the positions K <= 3 serves; won) and Muon (won most): docs/benchmarks.md
@@ -63,6 +65,17 @@ ARMS: dict[str, tuple] = {
                                                    "train.optimizer": "muon"}, (1, 3)),
     "dflash_b4_muon_l2": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "num_draft_layers": 2,
                                                   "train.optimizer": "muon"}, (1, 3)),
+    # the learning-rate lever further (8e-3), and lr 4e-3 with two layers
+    "dflash_b4_muon_lr8": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 8.0e-3,
+                                                   "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_lr4_l2": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 4.0e-3,
+                                                      "num_draft_layers": 2, "train.optimizer": "muon"}, (1, 3)),
+    # at 600 s the second and third positions accept 0-1%: weigh the first more (gamma 1: 1, .37, .14 against
+    # gamma 4's 1, .78, .61), with the rate of lr4 and lr8
+    "dflash_b4_muon_lr4_g1": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 1.0, "train.lr": 4.0e-3,
+                                                      "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_lr8_g1": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 1.0, "train.lr": 8.0e-3,
+                                                      "train.optimizer": "muon"}, (1, 3)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
 }
