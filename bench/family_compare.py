@@ -35,6 +35,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the recipe sweep)
 
+# DFlash's short-budget base (the `dflash_b4_muon` arm): block 4, gamma 4, and the demo's EAGLE-3 optimizer
+# (Muon on the 2-D hidden maps; speculators' DFlash trainer uses Muon too); its variants change one or two keys
+B4_MUON = {"block_size": 4, "loss_decay_gamma": 4.0, "train.optimizer": "muon"}
+
 # arm -> (recipe file whose draft/train sections it takes, or None for the demo's recipe;
 #         overrides: draft keys, or ``train.<key>`` for the train section; the K values its exact eval runs)
 ARMS: dict[str, tuple] = {
@@ -46,7 +50,8 @@ ARMS: dict[str, tuple] = {
     # (the one init_from_target's fc passes through), `--arms eagle3 eagle3_layer`
     "eagle3_layer": (None, {"init_layer_from_target": 27}, (1, 3)),
     "eagle3_llama_layer": (None, {"qk_norm": False, "init_layer_from_target": 27}, (1, 3)),
-    # the learning-rate lever DFlash's short-budget A/B found, on the demo's recipe (lr 2e-3): `--arms eagle3 eagle3_lr4`
+    # the learning-rate lever DFlash's short-budget A/B found, on the demo's recipe (lr 2e-3):
+    # `--arms eagle3 eagle3_lr4`
     "eagle3_lr4": (None, {"train.lr": 4.0e-3}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     # DFlash at a short budget (600 s on one core: ~60 steps in fp32, ~190 in bf16): fewer warmup steps (lost),
@@ -54,28 +59,19 @@ ARMS: dict[str, tuple] = {
     "dflash_w5": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3, 7)),
     "dflash_b4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.warmup_steps": 5}, (1, 3)),
     "dflash_b4w30": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0}, (1, 3)),
-    # the demo's EAGLE-3 optimizer (Muon on the 2-D hidden maps; speculators' DFlash trainer uses Muon too)
-    "dflash_b4_muon": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.optimizer": "muon"},
-                       (1, 3)),
+    "dflash_b4_muon": ("smollm2_dflash.yaml", B4_MUON, (1, 3)),
     # more from one step at this budget: twice the blocks per conversation (the step sees 2x the supervised
     # positions); a higher learning rate; two draft layers instead of three (more steps)
-    "dflash_b4_muon_a64": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "num_anchors": 64,
-                                                   "train.optimizer": "muon"}, (1, 3)),
-    "dflash_b4_muon_lr4": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 4.0e-3,
-                                                   "train.optimizer": "muon"}, (1, 3)),
-    "dflash_b4_muon_l2": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "num_draft_layers": 2,
-                                                  "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_a64": ("smollm2_dflash.yaml", {**B4_MUON, "num_anchors": 64}, (1, 3)),
+    "dflash_b4_muon_lr4": ("smollm2_dflash.yaml", {**B4_MUON, "train.lr": 4.0e-3}, (1, 3)),
+    "dflash_b4_muon_l2": ("smollm2_dflash.yaml", {**B4_MUON, "num_draft_layers": 2}, (1, 3)),
     # the learning-rate lever further (8e-3), and lr 4e-3 with two layers
-    "dflash_b4_muon_lr8": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 8.0e-3,
-                                                   "train.optimizer": "muon"}, (1, 3)),
-    "dflash_b4_muon_lr4_l2": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 4.0, "train.lr": 4.0e-3,
-                                                      "num_draft_layers": 2, "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_lr8": ("smollm2_dflash.yaml", {**B4_MUON, "train.lr": 8.0e-3}, (1, 3)),
+    "dflash_b4_muon_lr4_l2": ("smollm2_dflash.yaml", {**B4_MUON, "train.lr": 4.0e-3, "num_draft_layers": 2}, (1, 3)),
     # at 600 s the second and third positions accept 0-1%: weigh the first more (gamma 1: 1, .37, .14 against
     # gamma 4's 1, .78, .61), with the rate of lr4 and lr8
-    "dflash_b4_muon_lr4_g1": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 1.0, "train.lr": 4.0e-3,
-                                                      "train.optimizer": "muon"}, (1, 3)),
-    "dflash_b4_muon_lr8_g1": ("smollm2_dflash.yaml", {"block_size": 4, "loss_decay_gamma": 1.0, "train.lr": 8.0e-3,
-                                                      "train.optimizer": "muon"}, (1, 3)),
+    "dflash_b4_muon_lr4_g1": ("smollm2_dflash.yaml", {**B4_MUON, "loss_decay_gamma": 1.0, "train.lr": 4.0e-3}, (1, 3)),
+    "dflash_b4_muon_lr8_g1": ("smollm2_dflash.yaml", {**B4_MUON, "loss_decay_gamma": 1.0, "train.lr": 8.0e-3}, (1, 3)),
     "dspark": ("smollm2_dspark.yaml", {"block_size": 4}, (4,)),
     "dspark7": ("smollm2_dspark.yaml", {"block_size": 7}, (7,)),
 }

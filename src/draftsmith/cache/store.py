@@ -113,11 +113,11 @@ def _temp_prefix(path: Path) -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: no signal, only the check; PermissionError = another user's, alive
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 
@@ -131,14 +131,11 @@ def remove_stale_temps(out: Path, pattern: str, min_age_s: float = STALE_TEMP_S)
     now, n = time.time(), 0
     for tmp in Path(out).glob(pattern):
         m = _OWNED.search(tmp.name)
+        # a pid can be checked on this host only; this process's own pid may be its own write in flight
+        # (another thread's), so that one, like another host's, goes by age alone
+        owner_gone = m is None or (m["host"] == _HOST and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])))
         try:
-            if m is None:
-                dead = True
-            elif m["host"] == _HOST and int(m["pid"]) != os.getpid():
-                dead = not _alive(int(m["pid"])) or now - tmp.stat().st_mtime >= min_age_s
-            else:
-                dead = now - tmp.stat().st_mtime >= min_age_s
-            if dead:
+            if owner_gone or now - tmp.stat().st_mtime >= min_age_s:
                 tmp.unlink()
                 n += 1
         except FileNotFoundError:  # its writer renamed or removed it meanwhile
