@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +15,35 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # PYTHONFAULTHANDLER: a worker that gets SIGABRT (run_job on a hang) prints every thread's stack
+    return {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONFAULTHANDLER": "1"}
+
+
+def run_job(cmd: list[str], env: dict, timeout: float = HANG_S, merge: bool = False) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` for a torchrun job (``merge``: stderr into
+    stdout), with a hang guard that says where it hung: past ``timeout`` every child of the launcher
+    gets SIGABRT, which (under PYTHONFAULTHANDLER=1, as :func:`env` sets) prints each worker's Python
+    stacks; the failure carries them."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                            env=env, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in workers:
+            try:
+                os.kill(int(pid), signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        raise AssertionError(f"hung: {' '.join(map(str, cmd))} still running after {timeout:.0f} s; its workers "
+                             f"{workers} were sent SIGABRT, their stacks:\n{(out or '')[-8000:]}\n{(err or '')[-8000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def launcher(nproc: int) -> list[str]:

@@ -268,6 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    code = run_command(argv)
+    dist = sys.modules.get("draftsmith.distributed")  # imported by every command that joins a process group
+    if dist is not None and dist.left_hanging():
+        # its group is stuck in torch's teardown (distributed.shutdown): end now, the outputs are written
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run_command(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # train --nproc re-launches the same command under torchrun

@@ -9,6 +9,8 @@ the job's device is a GPU and gloo on the CPU.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -179,9 +181,36 @@ def broadcast_object(obj: Optional[Any], src: int = 0) -> Any:
     return box[0]
 
 
-def shutdown() -> None:
-    """Leave the process group (if this process joined one)."""
+# How long leaving the process group may take. destroy_process_group can hang after every collective
+# has returned (pytorch#75097, open; gloo's worker threads at teardown): a finished run, its checkpoint
+# and LATEST written, would then hold torchrun (and whoever waits on it) forever.
+SHUTDOWN_WAIT_S = 60.0
+_left_hanging = False
+
+
+def shutdown(wait_s: Optional[float] = None) -> None:
+    """Leave the process group (if this process joined one), waiting at most ``wait_s`` seconds
+    (:data:`SHUTDOWN_WAIT_S`). Past that, one line on stderr, and :func:`left_hanging` tells the CLI to
+    end the process at once with its exit code (``os._exit``: the interpreter's own teardown would
+    wait on the same stuck group)."""
+    global _left_hanging
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    wait_s = SHUTDOWN_WAIT_S if wait_s is None else wait_s
+    rank = dist.get_rank()
+    leave = threading.Thread(target=dist.destroy_process_group, name="draftsmith-leave-group", daemon=True)
+    leave.start()
+    leave.join(wait_s)
+    if leave.is_alive():
+        _left_hanging = True
+        print(f"draftsmith: rank {rank}: leaving the process group did not finish in {wait_s:g} s (torch's "
+              "destroy_process_group hang, pytorch#75097); what the command wrote before it is complete, "
+              "so this rank ends without it", file=sys.stderr, flush=True)
+
+
+def left_hanging() -> bool:
+    """True once :func:`shutdown` gave up on a stuck process group: the process must end with
+    ``os._exit`` (see :func:`draftsmith.cli.main`)."""
+    return _left_hanging

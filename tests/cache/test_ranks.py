@@ -15,7 +15,7 @@ import pytest
 from cache_helpers import tiny_run_config
 from deadline import HANG_S
 from draftsmith.cache import store
-from torchrun_helpers import assert_same_dirs, env, launcher, one_process, torchrun, worker_pid
+from torchrun_helpers import assert_same_dirs, env, launcher, one_process, run_job, torchrun, worker_pid
 
 ARGS = ("--shard-rows", 2, "--batch-size", 1, "--no-progress")
 N_SHARDS = 20  # 40 unique chats, 2 rows a shard
@@ -34,9 +34,8 @@ def setup(tmp_path_factory):
     return path, whole
 
 
-def cache_2(path, out, **kw):
-    return subprocess.run(torchrun(2, "cache", path, "--out", out, *ARGS), env=env(), capture_output=True, text=True,
-                          timeout=120, **kw)
+def cache_2(path, out):
+    return run_job(torchrun(2, "cache", path, "--out", out, *ARGS), env())
 
 
 def listed(out) -> list[str]:
@@ -105,8 +104,7 @@ def test_rerun_skips_what_a_kill_leaves_and_redoes_an_unreadable_shard(setup, tm
     assert f"after {N_SHARDS - 9} of {N_SHARDS} complete shard(s)" in r.stdout
     assert_same_dirs(out, whole)
     # a changed setting: rank 0 refuses, and every rank stops with its one-line error (no rank hangs)
-    r = subprocess.run(torchrun(2, "cache", path, "--out", out, *ARGS, "--set", "data.max_length=40"), env=env(),
-                       capture_output=True, text=True, timeout=120)
+    r = run_job(torchrun(2, "cache", path, "--out", out, *ARGS, "--set", "data.max_length=40"), env())
     # both ranks share one stderr, so their lines may run together: split on the prefix, not on newlines
     errors = ["draftsmith: error" + e for e in r.stderr.split("draftsmith: error")[1:]]
     assert r.returncode != 0 and len(errors) >= 1, r.stderr[-3000:]
@@ -184,7 +182,7 @@ def test_shutdown_joins_gloo_threads_after_transformers_is_imported(tmp_path):
     then aborts at exit now and then (SIGABRT); distributed.init imports them first."""
     script = tmp_path / "shutdown.py"
     script.write_text(SHUTDOWN_SCRIPT)
-    r = subprocess.run(launcher(2) + [str(script)], env=env(), capture_output=True, text=True, timeout=120)
+    r = run_job(launcher(2) + [str(script)], env())
     assert r.returncode == 0, r.stderr[-3000:]
     # the ranks share one stdout pipe, so their lines can interleave: match, do not split
     assert sorted(re.findall(r"rank (\d): gloo threads left (\d+)", r.stdout)) == [("0", "0"), ("1", "0")], r.stdout

@@ -246,7 +246,7 @@ def test_two_ranks_write_the_files_of_one_process_and_resume(target, tmp_path):
     """torchrun: shard i is rank i % 2's, rank 0 merges one manifest; the files equal one process's.
     Then the state a kill leaves (shards of both ranks gone, the manifest not complete, a stray
     temporary) is finished by the same 2-rank command without touching the shards on disk."""
-    from torchrun_helpers import assert_same_dirs, env, one_process, torchrun
+    from torchrun_helpers import assert_same_dirs, env, one_process, run_job, torchrun
 
     many = write_jsonl(tmp_path / "many.jsonl", [{"messages": [{"role": "user", "content": f"Count to {i} please."}]}
                                                  for i in range(8)])
@@ -255,7 +255,7 @@ def test_two_ranks_write_the_files_of_one_process_and_resume(target, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     r = subprocess.run(one_process(*args, "--out", one), env=env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run(torchrun(2, *args, "--out", two), env=env(), capture_output=True, text=True, timeout=120)
+    r = run_job(torchrun(2, *args, "--out", two), env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_dirs(two, one)  # manifest included: shards listed once, in order
     assert r.stdout.count("regenerated 8 conversations") == 1  # the summary comes from rank 0 alone
@@ -265,7 +265,7 @@ def test_two_ranks_write_the_files_of_one_process_and_resume(target, tmp_path):
         (two / f"shard-00000{i}.jsonl").unlink()
     (two / "shard-000001.jsonl.tmp").write_text("half a shard")
     kept = {f.name: f.stat().st_ino for f in two.glob("shard-*.jsonl")}
-    r = subprocess.run(torchrun(2, *args, "--out", two), env=env(), capture_output=True, text=True, timeout=120)
+    r = run_job(torchrun(2, *args, "--out", two), env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert "2 reused" in r.stdout and {name: (two / name).stat().st_ino for name in kept} == kept
     assert_same_dirs(two, one)

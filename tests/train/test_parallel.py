@@ -19,7 +19,9 @@ from draftsmith.config import build_config
 from draftsmith.train.checkpoint import latest_checkpoint, load_checkpoint
 from draftsmith.train.loop import train
 from draftsmith.train.parallel import rank_share, row_seed
+from deadline import HANG_S
 from fixtures import make_tiny_llama, make_tokenizer
+from torchrun_helpers import run_job
 from test_loop import write_chats
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("restore_threads")]
@@ -48,23 +50,22 @@ def config(tiny, out, family="eagle3", **train):
     }
 
 
-def torchrun(raw: dict, path: Path, nproc: int = 2, *args: str, wait: bool = True, timeout: float = 240,
+def torchrun(raw: dict, path: Path, nproc: int = 2, *args: str, wait: bool = True, timeout: float = HANG_S,
              cli: bool = False):
     """``torchrun --nproc-per-node nproc -m draftsmith train path`` on a config written from ``raw``
     (``cli``: through ``draftsmith train path --nproc nproc``, which execs the same)."""
     path.write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
            "-m", "draftsmith", "train", str(path), "--no-progress", *args]
     if cli:
         cmd = [sys.executable, "-m", "draftsmith", "train", str(path), "--nproc", str(nproc), "--no-progress", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-4000:]
-    return out
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    done = run_job(cmd, env, timeout, merge=True)  # a hang fails with the workers' stacks
+    assert done.returncode == 0, done.stdout[-4000:]
+    return done.stdout
 
 
 def weights(run: Path) -> dict:
