@@ -553,7 +553,7 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
     from draftsmith.train.loop import Trainer
     from recipe_sweep import variant_config
 
-    if getattr(args, "family", "eagle3") == "eagle3":  # peer_modelopt / peer_specforge: EAGLE-3 only, no --family
+    if getattr(args, "our_arm", None) is None:  # peer_modelopt / peer_specforge: EAGLE-3 only, no --family
         raw = variant_config(args.recipe, run_dir, regen_dir, cache_dir)
         raw["train"]["max_time_s"] = float(args.wall_s)
         raw["output"]["tensorboard"] = False
@@ -562,8 +562,11 @@ def our_split_and_train(run_dir: Path, regen_dir: Path, cache_dir: Path, args: a
         from family_compare import arm_config
 
         raw = arm_config(args.our_arm, run_dir, regen_dir, cache_dir, args.wall_s)
-        args.mask_token_id = raw["draft"]["mask_token_id"]
-        args.our_block_size = raw["draft"]["block_size"]
+        if args.family == "eagle3":
+            args.draft_vocab_size = raw["data"]["draft_vocab_size"]
+        else:
+            args.mask_token_id = raw["draft"]["mask_token_id"]
+            args.our_block_size = raw["draft"]["block_size"]
     cfg = build_config(raw, "peer_speculators:draftsmith")
     summary = run_dir / "train_summary.json"
     settings = {"wall_s": args.wall_s, "config": raw}
@@ -764,8 +767,9 @@ def main() -> int:
                     help=f"--family dflash: speculators' --max-anchors per packed batch (default {PEER_DFLASH_ANCHORS}: "
                          "the block positions per step of our arm; its own default is 512)")
     ap.add_argument("--our-arm", default=None,
-                    help="--family dflash: bench/family_compare.py's DFlash arm our side trains (default dflash; "
-                         "the other dflash_* arms: its short-budget variants)")
+                    help="bench/family_compare.py's arm of --family our side trains instead of --recipe (with "
+                         "--family dflash the default is dflash; the dflash_* arms are its short-budget variants; "
+                         "eagle3_*: the demo's recipe with one change)")
     ap.add_argument("--peer-hs-dtype", choices=["bfloat16", "float32"], default=None,
                     help="speculators' --hidden-states-dtype (its loader dtype and autocast): default the feature "
                          "cache's dtype, the precision our side trains in (its own default is bfloat16)")
@@ -787,10 +791,12 @@ def main() -> int:
     if args.our_arm is not None:
         from family_compare import ARMS
 
-        ours = sorted(a for a in ARMS if a.startswith("dflash"))
-        if args.family != "dflash" or args.our_arm not in ours:
-            ap.error(f"--our-arm {args.our_arm!r}: expected one of bench/family_compare.py's DFlash arms "
-                     f"({', '.join(ours)}) with --family dflash")
+        ours = sorted(a for a in ARMS if a.startswith(args.family))
+        if args.our_arm not in ours:
+            ap.error(f"--our-arm {args.our_arm!r}: expected one of bench/family_compare.py's {args.family} arms "
+                     f"({', '.join(ours)}) with --family {args.family}")
+        if args.recipe != "demo":
+            ap.error(f"--our-arm {args.our_arm!r} with --recipe {args.recipe!r}: pick one (the arm is its own recipe)")
     if args.family != "eagle3":
         args.our_arm = args.our_arm or args.family  # the family_compare arm our side trains
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -848,8 +854,7 @@ def main() -> int:
     phases["serve"] = round(time.perf_counter() - t, 1)
     phases["total"] = round(time.perf_counter() - t_all, 1)
 
-    our_recipe = (f"{args.recipe} recipe" if args.family == "eagle3"
-                  else f"family_compare's {args.our_arm} arm")
+    our_recipe = f"{args.recipe} recipe" if args.our_arm is None else f"family_compare's {args.our_arm} arm"
     peer_recipe = f"{args.family}, default recipe, {args.peer_schedule} LR"
     finish_report(results, args, phases, out_path, report={"target": target, "data": data},
                   sides=((f"draftsmith ({our_recipe})", "draftsmith", ours),
