@@ -54,8 +54,8 @@ ARMS: dict[str, tuple] = {
     # `--arms eagle3 eagle3_lr4`
     "eagle3_lr4": (None, {"train.lr": 4.0e-3}, (1, 3)),
     # the weight on the first TTT step (DFlash's gamma-1 lever, on EAGLE-3): step k weighs 0.5**k instead of
-    # 0.8**k, `--arms eagle3 eagle3_sw5`; and the demo's three TTT steps before this A/B made them two (two: a
-    # third cheaper step each, so more of them in the budget), `--arms eagle3_ttt3 eagle3`
+    # 0.8**k, `--arms eagle3 eagle3_sw5`; and the demo's recipe before it took 2 TTT steps (3: a step a third
+    # dearer, so fewer of them in the budget), `--arms eagle3_ttt3 eagle3`
     "eagle3_sw5": (None, {"step_weight": 0.5}, (1, 3)),
     "eagle3_ttt3": (None, {"ttt_steps": 3}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),

@@ -188,9 +188,9 @@ SHUTDOWN_WAIT_S = 60.0
 _left_hanging = False
 
 
-def shutdown(wait_s: Optional[float] = None) -> None:
-    """Leave the process group (if this process joined one), waiting at most ``wait_s`` seconds
-    (:data:`SHUTDOWN_WAIT_S`). Past that, one line on stderr, and :func:`left_hanging` tells the CLI to
+def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> None:
+    """Leave the process group (if this process joined one), waiting at most ``wait_s`` seconds.
+    Past that, one line on stderr, and :func:`left_hanging` tells the CLI to
     end the process at once with its exit code (``os._exit``: the interpreter's own teardown would
     wait on the same stuck group)."""
     global _left_hanging
@@ -198,7 +198,6 @@ def shutdown(wait_s: Optional[float] = None) -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    wait_s = SHUTDOWN_WAIT_S if wait_s is None else wait_s
     rank = dist.get_rank()
     leave = threading.Thread(target=dist.destroy_process_group, name="draftsmith-leave-group", daemon=True)
     leave.start()

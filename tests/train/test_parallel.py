@@ -21,12 +21,11 @@ from draftsmith.train.loop import train
 from draftsmith.train.parallel import rank_share, row_seed
 from deadline import HANG_S
 from fixtures import make_tiny_llama, make_tokenizer
-from torchrun_helpers import run_job
+from torchrun_helpers import SRC, env as torchrun_env, run_job
 from test_loop import write_chats
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("restore_threads")]
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 PEAGLE = {"type": "peagle", "mask_token_id": 5, "num_depths": 3, "num_draft_layers": 2}
 DRAFTS = {"eagle3": {"ttt_steps": 3}, "peagle": PEAGLE}
 
@@ -55,8 +54,7 @@ def torchrun(raw: dict, path: Path, nproc: int = 2, *args: str, wait: bool = Tru
     """``torchrun --nproc-per-node nproc -m draftsmith train path`` on a config written from ``raw``
     (``cli``: through ``draftsmith train path --nproc nproc``, which execs the same)."""
     path.write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
+    env = {**torchrun_env(), "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--standalone",
            "-m", "draftsmith", "train", str(path), "--no-progress", *args]
     if cli:
