@@ -53,7 +53,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data_curve import (add_eval_args, conversations, demo_split, eval_keys, fill_real, real_taus,  # noqa: E402
                         write_jsonl)
-from draftsmith.data.regenerated import regenerated_manifest, write_text_atomic  # noqa: E402
+from draftsmith import atomic  # noqa: E402
+from draftsmith.data.regenerated import regenerated_manifest  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402
 
 
@@ -187,7 +188,7 @@ def main() -> int:
     results = []
 
     def save() -> None:  # after each arm: --reuse resumes a stopped run from the JSON
-        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
+        atomic.write_text(Path(args.out), json.dumps({"settings": settings, "arms": results}, indent=2) + "\n")
 
     for name, parts in arms.items():
         rows, report = train_rows[name]

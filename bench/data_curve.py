@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from draftsmith.data.regenerated import read_manifest, shard_rows, write_text_atomic  # noqa: E402
+from draftsmith import atomic  # noqa: E402
+from draftsmith.data.regenerated import read_manifest, shard_rows  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the other benches)
 
 HELD_OUT = 24  # the demo's held-out split size
@@ -61,7 +62,7 @@ def demo_split() -> tuple[Path, Path, list[dict], list[dict]]:
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
@@ -182,7 +183,7 @@ def main() -> int:
     points = []
 
     def save() -> None:  # after each point: --reuse resumes a stopped run from the JSON
-        write_text_atomic(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
+        atomic.write_text(Path(args.out), json.dumps({"settings": settings, "points": points}, indent=2) + "\n")
 
     for n in sorted(args.rows):
         if n in done:

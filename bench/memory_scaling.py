@@ -293,9 +293,10 @@ def main() -> None:
                 print(f"  T {T:>5} V {V:>6} {mode:>7}: {a['peak_gib']:.2f} / {b['peak_gib']:.2f} GiB = "
                       f"{a['peak_gib'] / b['peak_gib']:.2f}x, tokens/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(args.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows}, indent=1))
-    os.replace(tmp, args.out)
+    from draftsmith import atomic
+
+    atomic.write_text(Path(args.out), json.dumps({"args": {k: v for k, v in vars(args).items() if k != "child"},
+                                                  "rows": rows}, indent=1))
     print(f"wrote {args.out}")
 
 

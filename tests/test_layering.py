@@ -183,15 +183,17 @@ def test_no_library_file_over_500_lines():
 # nothing of draftsmith; drafts/ (model math, the family descriptions and the kinds each family brings)
 # imports only supervision/; targets/ (the engines) reads supervision/, models/ and its feature cache,
 # never drafts/ (the kinds reach it through the registry); remote/ carries targets over the wire; serve/ reads drafts' descriptions and the
-# targets' facts, never train/ or eval/ (serve must not pull in the trainer).
+# targets' facts, never train/ or eval/ (serve must not pull in the trainer). atomic (whole-or-nothing
+# writes, the standard library only) sits below them all, so any layer may write through it.
 LAYERS = {
+    "draftsmith.atomic": set(),
     "draftsmith.supervision": set(),
     "draftsmith.drafts": {"draftsmith.supervision"},
     "draftsmith.targets": {"draftsmith.cache", "draftsmith.models", "draftsmith.supervision"},
     "draftsmith.remote": {"draftsmith.distributed", "draftsmith.supervision", "draftsmith.targets"},
-    "draftsmith.serve": {"draftsmith.drafts", "draftsmith.hub", "draftsmith.layout", "draftsmith.models",
+    "draftsmith.serve": {"draftsmith.atomic", "draftsmith.drafts", "draftsmith.hub", "draftsmith.layout", "draftsmith.models",
                          "draftsmith.supervision", "draftsmith.targets", "draftsmith.weights"},
-    "draftsmith.recipe": {"draftsmith.config"},
+    "draftsmith.recipe": {"draftsmith.atomic", "draftsmith.config"},
 }
 
 

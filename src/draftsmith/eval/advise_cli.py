@@ -70,7 +70,7 @@ def cmd_advise(args) -> int:
     from draftsmith.eval.prompts import load_prompts
     from draftsmith.eval.speedup import render_prompts
     from draftsmith.models import resolve_target
-    from draftsmith.serve.export import write_json_atomic
+    from draftsmith import atomic
     from draftsmith.serve.resolve import resolve_draft
     from draftsmith.serve.vllm import require_module
 
@@ -111,7 +111,7 @@ def cmd_advise(args) -> int:
     report["data"] = data_rules(drafts)  # what more data would buy each draft, from the data curve
     print(format_report(report))
     path = Path(args.out) / "advise.json"
-    write_json_atomic(path, report)
+    atomic.write_json(path, report)
     print(f"report: {path}")
     return 0
 

@@ -19,12 +19,11 @@ test are tested (:mod:`draftsmith.eval.causes`) and the command exits 1 naming t
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from draftsmith import atomic
 from draftsmith.eval import EvalError
 from draftsmith.eval.gap import PromptCounts, compare_sides
 from draftsmith.eval.online import HttpClient, counter_diff, vllm_spec_counters
@@ -337,10 +336,11 @@ def plot_check(report: dict, path: Path) -> Optional[Path]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic.replacing(path) as tmp:
+            fig.savefig(tmp, format="png")  # format named: the temporary's suffix is .tmp
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -348,9 +348,7 @@ def write_check(report: dict, out_dir: Path, plot: bool = True) -> dict[str, Pat
     """``check.json`` (atomic) and ``check.png`` beside it; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "check.json"}
-    tmp = out_dir / f".check.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, paths["json"])
+    atomic.write_json(paths["json"], report)
     if plot:
         png = plot_check(report, out_dir / "check.png")
         if png is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from draftsmith import atomic
 from draftsmith.config import SECTIONS, ConfigError, build_config
 
 from .mapping import RecipeMapping, is_recipe, map_recipe
@@ -15,8 +16,6 @@ __all__ = ["convert_recipe", "cmd_convert", "register"]
 def convert_recipe(src: str | Path, out: str | Path) -> RecipeMapping:
     """Write the draftsmith YAML equivalent to the AutoModel recipe ``src`` to ``out`` (atomically: a
     temporary file, then os.replace), after checking it builds; the mapping is its header comment."""
-    import os
-
     import yaml
 
     src, out = Path(src), Path(out)
@@ -37,13 +36,8 @@ def convert_recipe(src: str | Path, out: str | Path) -> RecipeMapping:
     build_config(mapping.raw, str(src))  # every value the draftsmith config would refuse, before writing
     header = "".join(f"# {line}\n" for line in mapping.text().splitlines())
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     body = yaml.safe_dump({sec: mapping.raw[sec] for sec in SECTIONS if sec in mapping.raw}, sort_keys=False)
-    try:
-        tmp.write_text(f"# draftsmith run config converted by `draftsmith convert-recipe`\n{header}\n{body}")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.write_text(out, f"# draftsmith run config converted by `draftsmith convert-recipe`\n{header}\n{body}")
     return mapping
 
 

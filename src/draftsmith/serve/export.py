@@ -11,7 +11,7 @@ Cached exports (``serve``): the copy lives in ``<draft dir>/vllm_export/`` (``sg
 SGLang) with a stamp file holding a fingerprint of every source weight file (name, size, mtime) and
 a hash of the source ``config.json`` plus the export options. It is reused while the fingerprint
 matches and rebuilt when a weight file is touched or the config changes. Every copy is built in a
-hidden sibling directory and swapped in with ``os.replace``, so a crash never leaves a half copy
+hidden sibling directory and swapped in with ``os.replace`` (:mod:`draftsmith.atomic`), so a crash never leaves a half copy
 that looks valid. The source is never modified here.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from draftsmith import atomic
 from draftsmith.weights import read_tensors
 
 from .resolve import (TOKENIZER_ASSETS, Draft, EngineMissing, ServeError, check_family_weights, resolve_draft,
@@ -140,26 +141,6 @@ def copy_tokenizer_assets(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def atomic_dir_swap(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by the complete directory ``tmp`` (rename the old one away first)."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Optional[str] = None,
                extra: Optional[Callable[[Path], None]] = None) -> Path:
     """Write a complete engine-ready copy of ``draft`` to ``out`` atomically; return ``out``.
@@ -172,10 +153,8 @@ def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Op
     if out.resolve() == draft.dir:
         raise ServeError(f"export destination '{out}' is the draft itself; pick another directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    atomic.remove_stale_temps(out.parent, f".{out.name}.*.tmp")  # a killed export's half copy
+    tmp = atomic.temp_dir_beside(out)
     try:
         write_weights(draft, tmp, key_map, servable_weights(draft))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -185,7 +164,7 @@ def build_copy(draft: Draft, out: Path, *, key_map: KeyMap, config: dict, fp: Op
         # The stamp goes last: its presence marks a complete copy.
         stamp = {"fingerprint": fp, "source": str(draft.dir), "version": EXPORT_VERSION}
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-        atomic_dir_swap(tmp, out)
+        atomic.swap_dir(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -262,4 +241,4 @@ def export_vllm(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 
 __all__ = ["export_draft", "export_vllm", "vllm_key", "has_wrapper_prefix", "fingerprint", "prepare_cached",
-           "build_copy", "write_json_atomic", "Prepared", "VLLM_EAGLE3_ARCH", "STAMP"]
+           "build_copy", "Prepared", "VLLM_EAGLE3_ARCH", "STAMP"]

@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from draftsmith import atomic
 from draftsmith.drafts import FAMILIES, serve_flags
 from draftsmith.drafts.family import mask_token  # noqa: F401 (part of this module's API)
 
-from .export import Prepared, has_wrapper_prefix, prepare_cached, vllm_key, write_json_atomic
+from .export import Prepared, has_wrapper_prefix, prepare_cached, vllm_key
 from .resolve import (Draft, EngineMissing, ServeError, check_family_weights, draft_family, family_of,
                       reject_unservable, servable_config, weight_names)
 
@@ -202,7 +203,7 @@ def prepare_vllm(draft: Draft, *, dry_run: bool = False, export_dir: Optional[Pa
         return Prepared(str(draft.dir), "as-is", f"{draft.dir} is already vLLM-ready")
     changed = sorted(k for k in set(fixed) | set(draft.config) if fixed.get(k) != draft.config.get(k))
     if not dry_run:
-        write_json_atomic(draft.config_path, fixed)
+        atomic.write_json(draft.config_path, fixed)
     return Prepared(str(draft.dir), "update-config", f"{draft.config_path} in place ({', '.join(changed)})")
 
 

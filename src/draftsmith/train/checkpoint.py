@@ -13,7 +13,8 @@ Layout (docs/reference/layouts.md; the paths and their readers are in :mod:`draf
 
 Every checkpoint is written into a hidden temporary directory and renamed into place with
 ``os.replace`` only when complete, and ``LATEST`` is swapped atomically after that, so a crash
-mid-write never leaves a half-written checkpoint that looks valid.
+mid-write never leaves a half-written checkpoint that looks valid (:mod:`draftsmith.atomic`); the next save
+deletes what a killed one left.
 
 optim.pt and rng.pt hold only tensors, numbers, strings and containers, and are read with
 ``torch.load(weights_only=True)``: resuming a run directory someone else wrote must not run code it
@@ -23,17 +24,16 @@ holds, so a file that would need more is refused (see :func:`_load_plain`).
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from draftsmith import atomic
 # The layout and its readers live below train/ (eval and serve read it too); re-exported here so the
 # checkpoint API (write, read, find) is one import for the trainer and its tests.
 from draftsmith.layout import (MODEL_SUBDIR, REQUIRED_FILES, best_checkpoint, checkpoint_name,  # noqa: F401
@@ -101,9 +101,9 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(epoch, step)
     final = root / name
-    tmp = root / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    # a killed save's half checkpoint (model + optimizer state: the largest files a run writes); never LATEST
+    atomic.remove_stale_temps(root, ".*.tmp")
+    tmp = atomic.temp_dir_beside(final)
     (tmp / MODEL_SUBDIR).mkdir(parents=True)
     # safetensors needs contiguous, non-shared tensors
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model_state.items()}
@@ -116,13 +116,7 @@ def save_checkpoint(
     (tmp / "config.yaml").write_text(run_config_yaml)
     # meta.json last: its presence inside the tmp dir marks the write as complete
     _write_json(tmp / "meta.json", {**meta, "epoch": epoch, "step": step})
-    if final.exists():  # re-saving the same step (e.g. a resumed run): swap the old one out
-        old = root / f".{name}.old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    atomic.swap_dir(tmp, final)  # re-saving the same step (a resumed run) swaps the old one out
     point(root, "LATEST", name)
     return final
 
@@ -130,11 +124,7 @@ def save_checkpoint(
 def point(root: Path, link: str, name: str) -> None:
     """Point the symlink ``root/link`` (LATEST, BEST) at the checkpoint ``name`` atomically: a new link
     under a temporary name, then ``os.replace`` over the old one, so a reader never finds none."""
-    link_tmp = Path(root) / f".{link}.tmp-{os.getpid()}"
-    if link_tmp.is_symlink() or link_tmp.exists():
-        link_tmp.unlink()
-    os.symlink(name, link_tmp)
-    os.replace(link_tmp, Path(root) / link)
+    atomic.point(Path(root) / link, name)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

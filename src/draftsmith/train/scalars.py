@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Optional
 
+from draftsmith import atomic
 from draftsmith.config import ConfigError, OutputConfig
 
 WANDB_INSTALL_HINT = "pip install 'draftsmith[wandb]' (or pip install wandb)"
@@ -51,9 +52,7 @@ class WandbSink:
                               mode=output.wandb_mode, dir=str(wandb_dir), config=config, id=run_id,
                               resume="allow" if run_id else None)
         if run_id is None and self.run.id:
-            tmp = out / f".{RUN_ID_FILE}.tmp-{os.getpid()}"
-            tmp.write_text(self.run.id + "\n")
-            os.replace(tmp, id_file)
+            atomic.write_text(id_file, self.run.id + "\n")
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         # several tags at one step: W&B merges them into one row (a step is committed when a later one arrives)
