@@ -2,13 +2,18 @@
 
     .venv/bin/python bench/data_curve.py [--rows 36 72 145 291] [--steps 150] [--eval-every 25] [--patience 3]
         [-k 1 3] [--prompts 6] [--prompt-sets mt_bench mixed] [--max-new-tokens 96] [--threads N] [--reuse]
-        [--out runs/bench/data_curve.json]
+        [--data REGEN_DIR --cache CACHE_DIR [--config RUN.yaml]] [--out runs/bench/data_curve.json]
 
-The data and feature cache are the demo's (`draftsmith.train.demo.prepare_data`: SmolLM2's own answers to
-ShareGPT first turns, sampled at temperature 0.8 since 2026-12-06, greedy before; built once and reused). Its conversations are shuffled once (seed 0): the first 24
-are the held-out split of every point (``data.eval_sources``, so every point is scored on the same rows),
+The data and feature cache are the demo's by default (`draftsmith.train.demo.prepare_data`: SmolLM2's own
+answers to ShareGPT first turns, sampled at temperature 0.8 since 2026-12-06, greedy before; built once and
+reused), trained with the demo's recipe. --data and --cache name another `draftsmith regenerate` output and
+the feature cache built over it (e.g. the 60-minute recipe's thousands of `builtin:mix` conversations), and
+--config the run YAML to train each point with instead of the demo's recipe (e.g. examples/smollm2_best.yaml;
+its sources, cache, held-out rows, step budget and output dir are the bench's). The conversations are
+shuffled once (seed 0): the first 24 are the held-out split of every point (``data.eval_sources``, so every
+point is scored on the same rows),
 the rest is the training pool, and point N trains on the pool's first N (nested: each point's rows contain
-the smaller points'). Every point is the demo's recipe trained for the same --steps optimizer steps (so a
+the smaller points'). Every point is the recipe trained for the same --steps optimizer steps (so a
 small N runs many epochs, a large one few: the x axis is distinct conversations, not passes), with
 `train.keep_best` and `train.early_stop_patience` on, evaluated every --eval-every steps: the draft scored is
 the best held-out one, so more passes over a small set cannot make its point worse than it has to be.
@@ -49,15 +54,46 @@ def conversations(regen_dir: Path) -> list[dict]:
     return [row for name in read_manifest(regen_dir)["shards"] for row in shard_rows(regen_dir / name)]
 
 
+def split(regen_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(held-out conversations, training pool) of a regenerate dir: shuffled once with seed 0, the first
+    HELD_OUT held out for every point or arm."""
+    convs = conversations(regen_dir)
+    random.Random(0).shuffle(convs)
+    return convs[:HELD_OUT], convs[HELD_OUT:]
+
+
 def demo_split() -> tuple[Path, Path, list[dict], list[dict]]:
     """(the demo's regenerate dir, its feature cache, held-out conversations, training pool): the demo's data
-    (built once, reused) shuffled once with seed 0, the first HELD_OUT held out for every point or arm."""
+    (built once, reused) split by :func:`split`."""
     from draftsmith.train.demo import prepare_data
 
     regen_dir, cache_dir, _ = prepare_data(progress=False)
-    convs = conversations(regen_dir)
-    random.Random(0).shuffle(convs)
-    return regen_dir, cache_dir, convs[:HELD_OUT], convs[HELD_OUT:]
+    return (regen_dir, cache_dir, *split(regen_dir))
+
+
+def point_config(base: Optional[dict], run_dir: Path, train_file: Path, held_file: Path, cache_dir: Path,
+                 steps: int, eval_every: int, patience: int) -> dict:
+    """One point's raw run config: ``base`` (a run YAML's mapping; None: the demo's recipe) trained on
+    ``train_file`` from the feature cache ``cache_dir`` for ``steps`` optimizer steps, scored on ``held_file``
+    every ``eval_every`` steps with the best held-out checkpoint kept. A time budget in ``base`` is dropped:
+    the budget is steps, so a point does not depend on the machine's speed (and the LR cosine ends at them)."""
+    if base is None:
+        from draftsmith.train.demo import demo_config
+
+        raw = demo_config(str(run_dir), [str(train_file)], engine="cache", cache_dir=str(cache_dir))
+    else:
+        raw = {sec: dict(v) if isinstance(v, dict) else v for sec, v in base.items()}
+        for sec in ("target", "data", "train", "output"):
+            raw.setdefault(sec, {})
+        raw["target"].update(engine="cache", cache_dir=str(cache_dir))
+        raw["data"]["sources"] = [str(train_file)]
+        raw["output"]["dir"] = str(run_dir)
+        raw["train"]["max_time_s"] = None
+    raw["data"]["eval_sources"] = [str(held_file)]
+    raw["train"].update(epochs=10_000, max_steps=steps, eval_every=eval_every, keep_best=True,
+                        early_stop_patience=patience, log_every=25)
+    raw["output"]["tensorboard"] = False
+    return raw
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:
@@ -156,6 +192,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150, help="optimizer steps per point (equal for all)")
     ap.add_argument("--eval-every", type=int, default=25, help="held-out evaluations for keep_best / early stop")
     ap.add_argument("--patience", type=int, default=3, help="train.early_stop_patience (0: train every step)")
+    ap.add_argument("--data", help="a `draftsmith regenerate` output dir (default: the demo's data); needs --cache")
+    ap.add_argument("--cache", help="the feature cache built over --data's conversations (`draftsmith cache`)")
+    ap.add_argument("--config", help="a run YAML to train each point with (default: the demo's recipe), e.g. "
+                                     "examples/smollm2_best.yaml")
     add_eval_args(ap)
     ap.add_argument("--reuse", action="store_true", help="keep points an earlier run with the same settings finished")
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "data_curve.json"))
@@ -166,10 +206,29 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     from draftsmith.config import build_config
-    from draftsmith.train.demo import demo_config
     from draftsmith.train.loop import train
 
-    regen_dir, cache_dir, held_out, pool = demo_split()
+    if (args.data is None) != (args.cache is None):
+        raise SystemExit("data_curve: --data and --cache go together (a regenerate dir and the feature cache built "
+                         "over it, `draftsmith cache RUN.yaml --out DIR`); pass both or neither")
+    for flag, value, kind in (("--data", args.data, "manifest.json"), ("--cache", args.cache, "manifest.json"),
+                              ("--config", args.config, None)):
+        if value is not None and not (Path(value) / kind if kind else Path(value)).is_file():
+            raise SystemExit(f"data_curve: {flag} {value}: no {kind or 'such file'} there; "
+                             + ("pass a run YAML (see examples/)" if kind is None else "pass a finished output dir"))
+    base = None
+    if args.config:
+        import yaml
+
+        base = yaml.safe_load(Path(args.config).read_text())
+        if not isinstance(base, dict):
+            raise SystemExit(f"data_curve: --config {args.config}: expected a mapping of sections, got "
+                             f"{type(base).__name__}")
+    if args.data:
+        regen_dir, cache_dir = Path(args.data), Path(args.cache)
+        held_out, pool = split(regen_dir)
+    else:
+        regen_dir, cache_dir, held_out, pool = demo_split()
     root = Path(args.out).with_suffix("")
     if max(args.rows) > len(pool):
         raise SystemExit(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
@@ -178,6 +237,11 @@ def main() -> int:
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
     # multi_turn_sets only adds keys: a reused point is scored on the ones it lacks (fill_real)
     settings = {k: v for k, v in vars(args).items() if k not in ("rows", "reuse", "out", "threads", "multi_turn_sets")}
+    for k in ("data", "cache", "config"):  # absent when not given: a demo run's settings read as they did before
+        if settings[k]:
+            settings[k] = str(Path(settings[k]).resolve())
+        else:
+            del settings[k]
     old = json.loads(Path(args.out).read_text()) if args.reuse and Path(args.out).is_file() else {}
     done = {p["rows"]: p for p in old.get("points", []) if old.get("settings") == settings}
     points = []
@@ -192,12 +256,8 @@ def main() -> int:
                 save()
             continue
         run_dir = root / f"rows_{n}"
-        raw = demo_config(str(run_dir), [str(write_jsonl(pool[:n], root / f"train_{n}.jsonl"))],
-                          engine="cache", cache_dir=str(cache_dir))
-        raw["data"]["eval_sources"] = [str(held_file)]
-        raw["train"].update(epochs=10_000, max_steps=args.steps, eval_every=args.eval_every, keep_best=True,
-                            early_stop_patience=args.patience, log_every=25)
-        raw["output"]["tensorboard"] = False
+        raw = point_config(base, run_dir, write_jsonl(pool[:n], root / f"train_{n}.jsonl"), held_file, cache_dir,
+                           args.steps, args.eval_every, args.patience)
         t0 = time.perf_counter()
         result = train(build_config(raw, f"data_curve:{n}"), progress=False)
         point = {"rows": n, "steps": result.step, "tokens": result.tokens, "epochs": result.epoch,
@@ -224,7 +284,9 @@ def main() -> int:
     for k in keys:
         print(f"  {k}: {slope([p['rows'] for p in points], [p['real'][k]['tau'] for p in points]):+.3f}")
     png = Path(args.out).with_suffix(".png")
-    plot(points, keys, png, f"demo recipe, {args.steps} steps a point, best held-out checkpoint")
+    recipe = Path(args.config).name if args.config else "demo recipe"
+    data = f", {Path(args.data).name}" if args.data else ""
+    plot(points, keys, png, f"{recipe}{data}, {args.steps} steps a point, best held-out checkpoint")
     print(f"\nJSON: {args.out}\nPNG: {png}")
     return 0
 
