@@ -38,11 +38,12 @@ def owned_prefix(path: Path) -> str:
 
 
 @contextmanager
-def replacing(path: Path, *, mode: int = 0o644) -> Iterator[Path]:
+def replacing(path: Path, *, mode: int = 0o644, synced: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary file beside ``path`` for the body to write (by name: safetensors, torch.save,
     savefig). When the body returns, the temporary is fsynced and moved over ``path``; when it raises, the
     temporary is deleted and ``path`` is untouched. ``mode``: the file's permissions (mkstemp's are 0600;
-    what draftsmith writes is read like any ordinary file)."""
+    what draftsmith writes is read like any ordinary file). ``synced``: the body fsyncs the file itself
+    (:func:`write_bytes`, on the file it has open), so it is not opened a second time for it."""
     path = Path(path)
     fd, name = tempfile.mkstemp(prefix=owned_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -50,8 +51,9 @@ def replacing(path: Path, *, mode: int = 0o644) -> Iterator[Path]:
     try:
         os.chmod(tmp, mode)
         yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        if not synced:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -60,9 +62,11 @@ def replacing(path: Path, *, mode: int = 0o644) -> Iterator[Path]:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """``data`` to ``path``, whole or not at all."""
-    with replacing(path) as tmp:
+    with replacing(path, synced=True) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_text(path: Path, text: str) -> None:
