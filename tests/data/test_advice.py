@@ -23,6 +23,13 @@ def test_below_one_pass_the_rule_asks_for_more_steps_first():
     assert "regenerate" not in line
 
 
+def test_between_one_and_two_passes_the_rule_says_either_pays():
+    line = data_rule(1000, 1.5)
+    assert line.startswith("1.50 passes over 1000 conversations: up to about 2 passes, more passes and new "
+                           "conversations trained about level")
+    assert "regenerate about" not in line
+
+
 def test_past_one_pass_the_rule_asks_for_twice_the_conversations_and_quotes_the_curve():
     line = data_rule_of({"data_order": {"train conversations": 144}, "data_epoch": 3, "row_pos": 72})
     assert line.startswith("3.50 passes over 144 conversations: at a fixed step budget new conversations beat "
