@@ -73,7 +73,7 @@ def demo_split() -> tuple[Path, Path, list[dict], list[dict]]:
 
 def point_config(base: Optional[dict], run_dir: Path, train_file: Path, held_file: Path, cache_dir: Path,
                  steps: int, eval_every: int, patience: int) -> dict:
-    """One point's raw run config: ``base`` (a run YAML's mapping; None: the demo's recipe) trained on
+    """One point's raw run config: ``base`` (a run config's mapping, RunConfig.to_dict(); None: the demo's recipe) trained on
     ``train_file`` from the feature cache ``cache_dir`` for ``steps`` optimizer steps, scored on ``held_file``
     every ``eval_every`` steps with the best held-out checkpoint kept. A time budget in ``base`` is dropped:
     the budget is steps, so a point does not depend on the machine's speed (and the LR cosine ends at them)."""
@@ -211,19 +211,17 @@ def main() -> int:
     if (args.data is None) != (args.cache is None):
         raise SystemExit("data_curve: --data and --cache go together (a regenerate dir and the feature cache built "
                          "over it, `draftsmith cache RUN.yaml --out DIR`); pass both or neither")
-    for flag, value, kind in (("--data", args.data, "manifest.json"), ("--cache", args.cache, "manifest.json"),
-                              ("--config", args.config, None)):
-        if value is not None and not (Path(value) / kind if kind else Path(value)).is_file():
-            raise SystemExit(f"data_curve: {flag} {value}: no {kind or 'such file'} there; "
-                             + ("pass a run YAML (see examples/)" if kind is None else "pass a finished output dir"))
+    for flag, value in (("--data", args.data), ("--cache", args.cache)):
+        if value is not None and not (Path(value) / "manifest.json").is_file():
+            raise SystemExit(f"data_curve: {flag} {value}: no manifest.json there; pass a finished output dir")
     base = None
-    if args.config:
-        import yaml
+    if args.config:  # read and checked as `draftsmith train` reads it, before any point spends its steps
+        from draftsmith.config import ConfigError, load_config
 
-        base = yaml.safe_load(Path(args.config).read_text())
-        if not isinstance(base, dict):
-            raise SystemExit(f"data_curve: --config {args.config}: expected a mapping of sections, got "
-                             f"{type(base).__name__}")
+        try:
+            base = load_config(args.config).to_dict()
+        except ConfigError as e:
+            raise SystemExit(f"data_curve: --config {e}") from None
     if args.data:
         regen_dir, cache_dir = Path(args.data), Path(args.cache)
         held_out, pool = split(regen_dir)

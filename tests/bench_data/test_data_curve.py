@@ -11,9 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
-from draftsmith.config import build_config
+from draftsmith.config import build_config, load_config
 from draftsmith.data.regenerated import FORMAT, finish, shard_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +43,7 @@ def test_split_holds_out_the_same_24_and_keeps_every_row_once(curve, tmp_path):
 
 
 def test_point_config_from_the_recipe_yaml_is_step_budgeted(curve, tmp_path):
-    base = yaml.safe_load((ROOT / "examples" / "smollm2_best.yaml").read_text())
+    base = load_config(ROOT / "examples" / "smollm2_best.yaml").to_dict()  # as main() reads --config
     raw = curve.point_config(base, tmp_path / "rows_8", tmp_path / "train_8.jsonl", tmp_path / "held.jsonl",
                              tmp_path / "cache", steps=40, eval_every=10, patience=2)
     cfg = build_config(raw, "test")
@@ -56,7 +55,7 @@ def test_point_config_from_the_recipe_yaml_is_step_budgeted(curve, tmp_path):
     assert cfg.output.dir == str(tmp_path / "rows_8") and cfg.output.tensorboard is False
     # the recipe's own knobs stay: batch 4, 2 TTT steps, Muon, the Qwen3-shaped layer
     assert (cfg.train.batch_size, cfg.draft.ttt_steps, cfg.train.optimizer, cfg.draft.qk_norm) == (4, 2, "muon", True)
-    assert base["train"]["max_time_s"] == 3300  # the caller's mapping is not changed
+    assert base["train"]["max_time_s"] == 3300  # the caller's mapping (reused by every point) is not changed
 
 
 def test_data_without_cache_is_one_line_exit(tmp_path):
@@ -64,3 +63,12 @@ def test_data_without_cache_is_one_line_exit(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "--data and --cache go together" in r.stderr
+
+
+def test_a_bad_config_fails_before_any_point_trains(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("train:\n  batch_sise: 4\n")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "data_curve.py"), "--config", str(bad)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert r.stderr.strip().startswith(f"data_curve: --config {bad}:") and "batch_size" in r.stderr

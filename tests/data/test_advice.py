@@ -30,7 +30,7 @@ def test_between_one_and_two_passes_the_rule_says_either_pays():
     assert "regenerate about" not in line
 
 
-def test_past_one_pass_the_rule_asks_for_twice_the_conversations_and_quotes_the_curve():
+def test_past_two_passes_the_rule_asks_for_twice_the_conversations_and_quotes_the_curve():
     line = data_rule_of({"data_order": {"train conversations": 144}, "data_epoch": 3, "row_pos": 72})
     assert line.startswith("3.50 passes over 144 conversations: at a fixed step budget new conversations beat "
                            "repeated passes")
