@@ -148,7 +148,8 @@ def main() -> int:
           f"env {server_env or '-'}\nserver logs (one vLLM server per configuration): {out_dir}/serve_*.log", flush=True)
 
     def show(r: dict) -> None:
-        print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  (ready in {r['ready_s']:.0f} s)", flush=True)
+        print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  {r['tokens_per_step']:.3f} tokens/step  "
+              f"(ready in {r['ready_s']:.0f} s)", flush=True)
 
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
@@ -160,13 +161,15 @@ def main() -> int:
     base = results[0]["tokens_per_s"]
     same = outputs_identical(results)
     print()
-    print("| config | tokens/s | speedup | tau | acceptance per position | drafts | accepted / draft tokens |")
-    print("|---|---|---|---|---|---|---|")
+    # tau is vLLM's (over the steps that drafted); tokens/step is over every target forward, the figure that
+    # compares ngram and suffix decoding (which draft only where a lookup matches) with a draft
+    print("| config | tokens/s | speedup | tau | tokens/step | acceptance per position | drafts | accepted / draft tokens |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         acc = f"{r['accepted']:.0f} / {r['draft_tokens']:.0f}" if r["drafts"] else "-"
         tau = f"{r['tau']:.3f}" if r["drafts"] else "1 (no drafts)"
         pos = " / ".join(f"{a:.2f}" for a in r["per_position"]) or "-"
-        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {pos} | "
+        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {r['tokens_per_step']:.3f} | {pos} | "
               f"{r['drafts']:.0f} | {acc} |")
     print(f"\noutputs identical across configurations (greedy, {args.dtype}): {same}")
     line = one_line(results, prompts=describe_prompt_set(source, len(prompts)))

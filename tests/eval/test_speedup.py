@@ -7,7 +7,7 @@ from draftsmith.data.formats import DataError
 from draftsmith.eval import EvalError
 from draftsmith.eval.prompts import EvalPrompt, render_prompt
 from draftsmith.eval.speedup import (best_by_kind, configurations, describe_prompt_set, measure, one_line,
-                                     outputs_identical, render_prompts)
+                                     outputs_identical, render_prompts, tokens_per_step)
 from fixtures import make_tokenizer
 
 
@@ -87,6 +87,24 @@ def test_one_line_reads_as_a_sentence():
         one_line(RESULTS[1:])
 
 
+def test_tokens_per_step_counts_every_forward_not_only_the_drafted_ones():
+    # 9 mixed prompts, 2026-12-07: ngram K=3 drafted on 213 steps and accepted 387 tokens of 995, so
+    # vLLM's tau is 1 + 387/213 = 2.82, yet the 995 tokens took 995 - 387 = 608 forwards: 1.64 a forward
+    assert tokens_per_step(995, 387) == pytest.approx(995 / 608)
+    assert 1 + 387 / 213 == pytest.approx(2.82, abs=0.005)
+    # a chain draft that drafts on every forward: the two figures agree (600 tokens, 300 forwards, 300 accepted)
+    assert tokens_per_step(600, 300) == 2.0 == 1 + 300 / 300
+    assert tokens_per_step(10, 0) == 1.0 and tokens_per_step(0, 0) == 1.0
+
+
+def test_one_line_gives_tokens_per_step_where_measured():
+    rows = [result("none", 0, 20.0), {**result("ngram", 5, 30.0, 3.5), "tokens_per_step": 1.78},
+            {**result("eagle3", 3, 25.0, 1.77), "tokens_per_step": 1.77}]
+    assert one_line(rows, prompts="9 prompts").endswith(
+        "ngram K=5 30.0 tok/s (1.50x, tau 3.50, 1.78 tokens/step) | eagle3 K=3 25.0 tok/s (1.25x, tau 1.77, "
+        "1.77 tokens/step)")
+
+
 def test_describe_prompt_set_names_shipped_sets_and_files():
     assert describe_prompt_set("mixed", 9) == "9 held-out mixed (chat, math, code, long) prompts"
     assert describe_prompt_set("my/p.jsonl", 2) == "2 prompts from my/p.jsonl"
@@ -149,3 +167,4 @@ def test_serve_prompt_sets_times_each_set_on_one_server_with_its_own_counter_dif
     port = free_port()
     one = run_config("fake", [sys.executable, script, str(port)], port, sets["b"], 5, tmp_path / "b.log", ready_s=60)
     assert (one["drafts"], one["accepted"], one["tau"], one["outputs"]) == (4, 4, 2.0, b["outputs"])
+

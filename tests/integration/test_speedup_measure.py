@@ -33,5 +33,10 @@ def test_measure_serves_each_configuration_and_reads_its_counters(tmp_path):
     assert ngram["drafts"] > 0 and len(ngram["per_position"]) == K, ngram
     assert ngram["tau"] == pytest.approx(1 + ngram["accepted"] / ngram["drafts"])
     assert 0 <= ngram["per_position"][1] <= ngram["per_position"][0] <= 1
+    # every forward emits one token plus what it accepted: tokens/step over all forwards, never above vLLM's tau
+    # (which counts only the forwards that had a draft)
+    assert none["tokens_per_step"] == 1.0
+    assert ngram["tokens_per_step"] == pytest.approx(ngram["tokens"] / (ngram["tokens"] - ngram["accepted"]))
+    assert 1.0 <= ngram["tokens_per_step"] <= ngram["tau"] + 1e-9
     assert set(best_by_kind(results)) == {"none", "ngram"}
     print(one_line(results, prompts="2 tiny prompts"))
