@@ -168,3 +168,57 @@ def test_serve_prompt_sets_times_each_set_on_one_server_with_its_own_counter_dif
     one = run_config("fake", [sys.executable, script, str(port)], port, sets["b"], 5, tmp_path / "b.log", ready_s=60)
     assert (one["drafts"], one["accepted"], one["tau"], one["outputs"]) == (4, 4, 2.0, b["outputs"])
 
+
+# A stand-in for a vLLM server: health and /v1/models answer, a completion never returns (the state a
+# timed pass is in when a timeout or a scheduler sends SIGTERM). It writes its pid, then a mark per request.
+FAKE_SERVER = r"""
+import http.server, json, os, sys, time
+port, pid_file = int(sys.argv[sys.argv.index('--port') + 1]), sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, body, kind='application/json'):
+        self.send_response(200); self.send_header('Content-Type', kind)
+        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)
+    def do_GET(self):
+        self._send(json.dumps({'data': [{'id': 'm'}]}).encode() if self.path == '/v1/models' else b'', 'text/plain')
+    def do_POST(self):
+        open(pid_file + '.busy', 'w').close(); time.sleep(600)
+open(pid_file, 'w').write(str(os.getpid()))
+http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()
+"""
+
+
+def test_a_sigterm_while_a_server_is_up_stops_that_server(tmp_path):
+    """serve_prompt_sets under SIGTERM (bench/serve_speedup.py killed mid-pass, the demo's check under a
+    scheduler): the process exits 143 and the server it started is gone, not left serving on its port."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from deadline import wait_until
+
+    pid_file = tmp_path / "server.pid"
+    code = (f"from draftsmith.eval.speedup import serve_prompt_sets\n"
+            f"from draftsmith.serve.process import free_port\n"
+            f"port = free_port()\n"
+            f"serve_prompt_sets('none', [{sys.executable!r}, '-c', {FAKE_SERVER!r}, {str(pid_file)!r}, '--port', "
+            f"str(port)], port, {{'p': [[1, 2, 3]]}}, 4, {str(tmp_path / 's.log')!r}, ready_s=60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (tmp_path / "server.pid.busy").exists() or child.poll() is not None,
+                   what="the warm-up request reaching the stand-in server")
+        assert child.poll() is None, child.stderr.read()
+        server = int(pid_file.read_text())
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 143
+        # the server's group got SIGTERM (then SIGKILL after stop_s) on the way out
+        wait_until(lambda: not os.path.exists(f"/proc/{server}") or "Z" in open(f"/proc/{server}/stat").read().split()[2],
+                   seconds=120, what="the stand-in server exiting")
+    finally:
+        child.kill()
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

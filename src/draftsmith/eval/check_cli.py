@@ -123,7 +123,7 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
             served = measure_served(client, base, facts["model"], items, **serve_kw)
             launched = None
         else:
-            from draftsmith.serve.process import ServerProcess, ServerStartError, free_port
+            from draftsmith.serve.process import ServerProcess, ServerStartError, free_port, sigterm_exits
             from draftsmith.serve.resolve import resolve_draft
             from draftsmith.serve.vllm import plan_vllm
 
@@ -137,7 +137,8 @@ def run_check(*, target: Optional[str], draft: str, prompts: str, k: Optional[in
             if log:
                 log(f"serving: {' '.join(plan.argv[2:])} (log {out_dir / 'serve.log'})")
             try:
-                with ServerProcess(plan.argv, port, out_dir / "serve.log", env=env, ready_s=ready_s, stop_s=60) as srv:
+                with sigterm_exits(), ServerProcess(plan.argv, port, out_dir / "serve.log", env=env, ready_s=ready_s,
+                                                    stop_s=60) as srv:
                     facts = served_facts(client, srv.base)
                     served = measure_served(client, srv.base, facts["model"], items, **serve_kw)
             except ServerStartError as e:  # one line, as advise says it: the log has the engine's own words

@@ -132,7 +132,7 @@ def serve_prompt_sets(name: str, argv: Sequence[str], port: int, sets: dict[str,
     "draft_tokens", "accepted", "tau", "tokens_per_step", "per_position", "outputs"}}`` (tau is 1.0 when
     nothing was drafted).
     """
-    from draftsmith.serve.process import ServerProcess
+    from draftsmith.serve.process import ServerProcess, sigterm_exits
 
     server_env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                   **(env or {})}
@@ -141,7 +141,8 @@ def serve_prompt_sets(name: str, argv: Sequence[str], port: int, sets: dict[str,
     client = HttpClient(retries=2, timeout_s=600.0)
     out: dict[str, dict] = {}
     t0 = time.monotonic()
-    with ServerProcess(argv, port, log, env=server_env, ready_s=ready_s, stop_s=60) as srv:
+    # a SIGTERM (timeout, a scheduler, kill) stops the server on its way out instead of leaving it running
+    with sigterm_exits(), ServerProcess(argv, port, log, env=server_env, ready_s=ready_s, stop_s=60) as srv:
         ready, base = time.monotonic() - t0, srv.base  # a fresh port if the first was taken meanwhile
         model = client.get_json(base + "/v1/models")["data"][0]["id"]
 
