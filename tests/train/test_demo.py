@@ -61,7 +61,8 @@ def fake_demo(monkeypatch, tmp_path):
         demo.say("[4/4] real check on vLLM: ...")
         spend(170.0)
         return "real speed ...", {"none": {"tokens_per_s": 22.7, "k": 0, "tau": 1.0},
-                                  "draft": {"tokens_per_s": 24.2, "k": 1, "tau": 1.25}}
+                                  "ngram": {"tokens_per_s": 22.5, "k": 3, "tau": 1.65, "tokens_per_step": 1.09},
+                                  "draft": {"tokens_per_s": 24.2, "k": 1, "tau": 1.25, "tokens_per_step": 1.25}}
 
     monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(demo, "prepare_data", prepare_data)
@@ -112,7 +113,8 @@ def test_demo_table_has_its_phases_and_the_plain_decode_speed(fake_demo, capfd):
     assert rows["machine speed"] == "plain vLLM decode 22.7 tok/s in this run (the real check's no speculation, batch 1)"
     assert rows["real speed"] == ("4 held-out MT-Bench prompts, 128 tokens, vLLM, batch 1\n"
                                   "  no speculation   22.7 tok/s\n"
-                                  "  draft K=1        24.2 tok/s  1.07x  tau 1.25")
+                                  "  ngram K=3        22.5 tok/s  0.99x  tau 1.65  1.09 tokens/step\n"
+                                  "  draft K=1        24.2 tok/s  1.07x  tau 1.25  1.25 tokens/step")
     expected = {"regenerate": 183.0, "cache": 76.0, "setup": 12.0, "train_loop": 495.0, "eval_save_export": 25.0,
                 "real_check": 170.0}
     saved = json.loads((fake_demo / "demo_summary.json").read_text())

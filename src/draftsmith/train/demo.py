@@ -268,7 +268,11 @@ def summary_table(result, wall: float, phases: dict, best: Optional[dict], out: 
         rows.append(("real speed", f"{CHECK_PROMPTS} held-out MT-Bench prompts, {CHECK_TOKENS} tokens, vLLM, batch 1"))
         for label, r in best.items():
             name = "no speculation" if label == "none" else f"{label} K={r['k']}"
+            # tau over the steps that drafted (vLLM's), tokens/step over every target forward: ngram drafts only
+            # where its lookup matches, so its tau overstates a step (eval/speedup.py tokens_per_step)
             extra = "" if label == "none" else f"  {r['tokens_per_s'] / base:.2f}x  tau {r['tau']:.2f}"
+            if label != "none" and r.get("tokens_per_step") is not None:
+                extra += f"  {r['tokens_per_step']:.2f} tokens/step"
             rows.append(("", f"  {name:<15} {r['tokens_per_s']:5.1f} tok/s{extra}"))
     rule = data_rule_of(find_meta(ckpt))
     if rule:  # what more data would buy, from the data curve (data/advice.py)
