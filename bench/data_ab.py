@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data_curve import (add_eval_args, conversations, demo_split, eval_keys, fill_real, real_taus,  # noqa: E402
                         write_jsonl)
+from bench_errors import BadInput, run  # noqa: E402
 from draftsmith import atomic  # noqa: E402
 from draftsmith.data.regenerated import regenerated_manifest  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402
@@ -63,7 +64,7 @@ def parse_arm(spec: str) -> tuple[str, list[tuple[str, int | None, int | None]]]
     ``DIR[@TURNS][:N]``."""
     name, eq, rest = spec.partition("=")
     if not eq or not name or not rest:
-        raise SystemExit(f"data_ab: --arm {spec!r}: expected NAME=PART[,PART...], e.g. copy=demo,runs/data/copy-regen")
+        raise BadInput(f"data_ab: --arm {spec!r}: expected NAME=PART[,PART...], e.g. copy=demo,runs/data/copy-regen")
     parts = []
     for part in rest.split(","):
         path, colon, n = part.rpartition(":")
@@ -108,7 +109,7 @@ def arm_rows(parts: list[tuple[str, int | None, int | None]], pool: list[dict],
             manifest = regenerated_manifest(d)
             if manifest is None or not manifest.get("complete"):
                 why = "is not a `draftsmith regenerate` output dir" if manifest is None else "is not complete"
-                raise SystemExit(f"data_ab: arm part {part!r} {why}; run (or finish) `draftsmith regenerate --out "
+                raise BadInput(f"data_ab: arm part {part!r} {why}; run (or finish) `draftsmith regenerate --out "
                                  f"{part} ...` first")
             convs = conversations(d)
             random.Random(0).shuffle(convs)
@@ -147,7 +148,7 @@ def main() -> int:
     args = ap.parse_args()
     arms = dict(parse_arm(a) for a in args.arm)
     if len(arms) != len(args.arm):
-        raise SystemExit("data_ab: two --arm share a name; give each its own")
+        raise BadInput("data_ab: two --arm share a name; give each its own")
     if args.threads:
         import torch
 
@@ -230,4 +231,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

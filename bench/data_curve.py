@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_errors import BadInput, run  # noqa: E402
 from draftsmith import atomic  # noqa: E402
 from draftsmith.data.regenerated import read_manifest, shard_rows  # noqa: E402
 from recipe_sweep import spread_prompts  # noqa: E402  (the same prompt spread as the other benches)
@@ -150,7 +151,7 @@ def fill_real(entry: dict, prompt_files: dict[str, Path], args, fallback: Option
         return False
     draft = entry.get("draft") or fallback
     if draft is None:
-        raise SystemExit(f"{Path(sys.argv[0]).name}: a reused entry records no checkpoint to score "
+        raise BadInput(f"{Path(sys.argv[0]).name}: a reused entry records no checkpoint to score "
                          f"{sorted(missing)} on; rerun without --reuse")
     entry["real"].update(real_taus(Path(draft), prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets,
                                    only=missing))
@@ -209,11 +210,11 @@ def main() -> int:
     from draftsmith.train.loop import train
 
     if (args.data is None) != (args.cache is None):
-        raise SystemExit("data_curve: --data and --cache go together (a regenerate dir and the feature cache built "
+        raise BadInput("data_curve: --data and --cache go together (a regenerate dir and the feature cache built "
                          "over it, `draftsmith cache RUN.yaml --out DIR`); pass both or neither")
     for flag, value in (("--data", args.data), ("--cache", args.cache)):
         if value is not None and not (Path(value) / "manifest.json").is_file():
-            raise SystemExit(f"data_curve: {flag} {value}: no manifest.json there; pass a finished output dir")
+            raise BadInput(f"data_curve: {flag} {value}: no manifest.json there; pass a finished output dir")
     base = None
     if args.config:  # read and checked as `draftsmith train` reads it, before any point spends its steps
         from draftsmith.config import ConfigError, load_config
@@ -221,7 +222,7 @@ def main() -> int:
         try:
             base = load_config(args.config).to_dict()
         except ConfigError as e:
-            raise SystemExit(f"data_curve: --config {e}") from None
+            raise BadInput(f"data_curve: --config {e}") from None
     if args.data:
         regen_dir, cache_dir = Path(args.data), Path(args.cache)
         held_out, pool = split(regen_dir)
@@ -229,7 +230,7 @@ def main() -> int:
         regen_dir, cache_dir, held_out, pool = demo_split()
     root = Path(args.out).with_suffix("")
     if max(args.rows) > len(pool):
-        raise SystemExit(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
+        raise BadInput(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
                          f"of {regen_dir} ({len(pool) + HELD_OUT} less {HELD_OUT} held out)")
     held_file = write_jsonl(held_out, root / "held_out.jsonl")
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
@@ -290,4 +291,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

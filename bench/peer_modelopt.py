@@ -131,6 +131,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_errors import run  # noqa: E402
 from peer_speculators import (  # noqa: E402  (bench/ on sys.path: the twin bench's helpers)
     DATA_MARK,
     cached_rows,
@@ -496,4 +497,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -143,6 +143,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_errors import BadInput, run  # noqa: E402
 
 SPECULATORS = "speculators==0.9.0"
 TORCH = "torch==2.13.0"
@@ -238,12 +241,12 @@ def cached_rows(cache_dir: Path, rows: Sequence[Any], who: str) -> Iterable[tupl
     try:
         missing = [i for i, k in enumerate(keys) if k not in reader]
         if missing:
-            raise SystemExit(f"{who}: {len(missing)} training rows are not in {cache_dir} "
+            raise BadInput(f"{who}: {len(missing)} training rows are not in {cache_dir} "
                              f"(first: row {missing[0]}); rebuild the demo cache")
         for i, (ex, key) in enumerate(zip(rows, keys)):
             row = reader.row(key)
             if row["loss_mask"].to(torch.int64).tolist() != [int(m) for m in ex.loss_mask]:
-                raise SystemExit(f"{who}: row {i}: the cache's loss mask differs from the trainer's")
+                raise BadInput(f"{who}: row {i}: the cache's loss mask differs from the trainer's")
             yield i, ex, {k: v.clone() for k, v in row.items()}
     finally:
         reader.close()
@@ -304,7 +307,7 @@ def ensure_venv(venv: Path, skip_install: bool, package: str = SPECULATORS,
         return py, 0.0
     if skip_install:
         if not py.is_file():
-            raise SystemExit(f"{who}: --skip-install but {py} does not exist; run once without it")
+            raise BadInput(f"{who}: --skip-install but {py} does not exist; run once without it")
         return py, 0.0
     t = time.perf_counter()
     if not py.is_file():
@@ -827,7 +830,7 @@ def main() -> int:
         peer_block = args.peer_block_size or PEER_DFLASH_BLOCK
         too_deep = [k for k in args.k if k > min(args.our_block_size, peer_block) - 1]
         if too_deep:
-            raise SystemExit(f"peer_speculators: K {too_deep} exceeds block_size - 1 of a draft (ours "
+            raise BadInput(f"peer_speculators: K {too_deep} exceeds block_size - 1 of a draft (ours "
                              f"{args.our_block_size}, speculators' {peer_block}): a block draft proposes at most that many")
     phases["train_draftsmith"] = round(time.perf_counter() - t, 1)
     print(f"draftsmith: {ours['steps']} steps, {ours['tokens']} tokens in {ours['train_s']:.0f} s "
@@ -864,4 +867,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

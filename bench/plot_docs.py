@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_errors import BadInput, run  # noqa: E402
+
 DATA_DIR = ROOT / "docs" / "benchmarks" / "data"
 OUT_DIR = ROOT / "docs" / "benchmarks"
 DPI = 100
@@ -612,7 +616,7 @@ def from_bench(path: Path, out: Optional[Path], date: Optional[str]) -> Path:
         fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.9), gridspec_kw={"width_ratios": [3, 2]})
         plot_memory(axes, doc["rows"], f"{path.name}: peak memory of one EAGLE-3 step, {date}", goal=False)
     else:
-        raise SystemExit(f"plot_docs: {path}: not a shape this script knows; it reads the JSON of bench/serve_speedup.py, "
+        raise BadInput(f"plot_docs: {path}: not a shape this script knows; it reads the JSON of bench/serve_speedup.py, "
                          "bench/peer_speculators.py, bench/recipe_sweep.py, bench/tau_curve.py and bench/memory_scaling.py")
     fig.tight_layout()
     return _save(fig, out)
@@ -659,4 +663,4 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

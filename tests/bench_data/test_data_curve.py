@@ -61,7 +61,7 @@ def test_point_config_from_the_recipe_yaml_is_step_budgeted(curve, tmp_path):
 def test_data_without_cache_is_one_line_exit(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "data_curve.py"), "--data", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0
+    assert r.returncode == 2  # bad input: the CLI's status (bench/bench_errors.py)
     assert "--data and --cache go together" in r.stderr
 
 
@@ -70,5 +70,5 @@ def test_a_bad_config_fails_before_any_point_trains(tmp_path):
     bad.write_text("train:\n  batch_sise: 4\n")
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "data_curve.py"), "--config", str(bad)],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert r.stderr.strip().startswith(f"data_curve: --config {bad}:") and "batch_size" in r.stderr
