@@ -58,6 +58,9 @@ ARMS: dict[str, tuple] = {
     # dearer, so fewer of them in the budget), `--arms eagle3_ttt3 eagle3`
     "eagle3_sw5": (None, {"step_weight": 0.5}, (1, 3)),
     "eagle3_ttt3": (None, {"ttt_steps": 3}, (1, 3)),
+    # one TTT step (no unroll: the draft trains on the target's features alone, what K=1 serves) for about
+    # 1.5x the steps of two in the same seconds: the K=1 lever against speculators, `--our-arm eagle3_ttt1`
+    "eagle3_ttt1": (None, {"ttt_steps": 1}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     # DFlash at a short budget (600 s on one core: ~60 steps in fp32, ~190 in bf16): fewer warmup steps (lost),
     # block 4 (trains only the positions K <= 3 serves; won) and Muon (won most): docs/benchmarks.md
