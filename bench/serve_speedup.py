@@ -148,8 +148,8 @@ def main() -> int:
           f"env {server_env or '-'}\nserver logs (one vLLM server per configuration): {out_dir}/serve_*.log", flush=True)
 
     def show(r: dict) -> None:
-        print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  {r['tokens_per_step']:.3f} tokens/step  "
-              f"(ready in {r['ready_s']:.0f} s)", flush=True)
+        print(f"  {r['name']:<22} {r['tokens_per_s']:7.1f} tok/s  tau {r['tau']:.3f}  "
+              f"{r['tokens_per_step']:.3f} tokens/step  (ready in {r['ready_s']:.0f} s)", flush=True)
 
     try:
         results = measure(target, drafts, ks, prompts, args.max_tokens, dtype=args.dtype, log_dir=out_dir,
@@ -169,8 +169,8 @@ def main() -> int:
         acc = f"{r['accepted']:.0f} / {r['draft_tokens']:.0f}" if r["drafts"] else "-"
         tau = f"{r['tau']:.3f}" if r["drafts"] else "1 (no drafts)"
         pos = " / ".join(f"{a:.2f}" for a in r["per_position"]) or "-"
-        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | {r['tokens_per_step']:.3f} | {pos} | "
-              f"{r['drafts']:.0f} | {acc} |")
+        print(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f}x | {tau} | "
+              f"{r['tokens_per_step']:.3f} | {pos} | {r['drafts']:.0f} | {acc} |")
     print(f"\noutputs identical across configurations (greedy, {args.dtype}): {same}")
     line = one_line(results, prompts=describe_prompt_set(source, len(prompts)))
     print(line)

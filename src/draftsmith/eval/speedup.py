@@ -7,8 +7,9 @@ and reads the spec-decode counters from ``/metrics`` before and after (the same 
 ``bench-server``, :mod:`draftsmith.eval.online`). Per configuration it reports output tokens/s,
 tau = 1 + accepted / drafts and the acceptance rate per draft position (accepted at position i /
 drafts), vLLM's own definitions, and the tokens per target forward (:func:`tokens_per_step`), the one
-that compares a method that drafts on every step with one that drafts only where a lookup matches. :func:`best_by_kind` keeps each kind's best K and :func:`one_line`
-turns that into the sentence a user reads. bench/serve_speedup.py is the command-line front end.
+that compares a method that drafts on every step with one that drafts only where a lookup matches.
+:func:`best_by_kind` keeps each kind's best K and :func:`one_line` turns that into the sentence a user
+reads. bench/serve_speedup.py is the command-line front end.
 
 Starting servers is slow (tens of seconds each on CPU), so nothing here runs at import time and
 the server is always stopped (:class:`draftsmith.serve.process.ServerProcess`).
@@ -26,8 +27,8 @@ from draftsmith.eval.baselines import KINDS, spec as baseline_spec
 from draftsmith.eval.online import HttpClient, counter_diff, vllm_spec_counters
 from draftsmith.eval.prompts import PROMPT_SETS, EvalPrompt, render_prompt
 
-__all__ = ["configurations", "measure", "tokens_per_step", "run_config", "serve_prompt_sets", "settled_counters", "best_by_kind",
-           "one_line", "render_prompts", "describe_prompt_set", "outputs_identical"]
+__all__ = ["configurations", "measure", "tokens_per_step", "run_config", "serve_prompt_sets", "settled_counters",
+           "best_by_kind", "one_line", "render_prompts", "describe_prompt_set", "outputs_identical"]
 
 SET_TITLES = {"mt_bench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval",
               "mixed": "mixed (chat, math, code, long)"}
@@ -114,8 +115,9 @@ def tokens_per_step(tokens: float, accepted: float) -> float:
     Each forward emits one token of its own plus the drafted tokens it accepts, so the forwards number
     ``tokens - accepted``. vLLM's tau (``1 + accepted / drafts``) counts only the steps that had a draft:
     a chain draft drafts on every step, so the two agree for it, but ngram and suffix decoding propose
-    only where their lookup matches (ngram K=3 on 213 of 608 steps of 9 `mixed` prompts, 2026-12-07), so their tau overstates
-    what a step yields. This is the figure that compares across methods; tokens/s adds each step's cost.
+    only where their lookup matches (ngram K=3 on 213 of 608 steps of 9 `mixed` prompts, 2026-12-07), so
+    their tau overstates what a step yields. This is the figure that compares across methods; tokens/s
+    adds each step's cost.
     """
     steps = tokens - accepted
     return tokens / steps if steps > 0 else 1.0
@@ -246,8 +248,9 @@ def one_line(results: Sequence[dict], baseline: Optional[dict] = None, *, prompt
     """One sentence with each kind's best K against ``baseline`` (default: the "none" result), e.g.
 
     ``real speed on 6 held-out MT-Bench prompts (vLLM, batch 1): no speculation 22.1 tok/s |
-    ngram K=3 26.4 tok/s (1.19x, tau 2.31, 1.42 tokens/step) | eagle3 K=1 24.0 tok/s (1.09x, tau 1.29, 1.29 tokens/step)``
-    (tau over the drafted steps, as vLLM counts it; tokens/step over all of them: :func:`tokens_per_step`).
+    ngram K=3 26.4 tok/s (1.19x, tau 2.31, 1.42 tokens/step) | eagle3 K=1 24.0 tok/s (1.09x, tau 1.29,
+    1.29 tokens/step)`` (tau over the drafted steps, as vLLM counts it; tokens/step over all of them:
+    :func:`tokens_per_step`).
     ``prompts`` describes what was sent (:func:`describe_prompt_set`).
     """
     best = best_by_kind(results)
