@@ -110,7 +110,7 @@ def arm_rows(parts: list[tuple[str, int | None, int | None]], pool: list[dict],
             if manifest is None or not manifest.get("complete"):
                 why = "is not a `draftsmith regenerate` output dir" if manifest is None else "is not complete"
                 raise BadInput(f"data_ab: arm part {part!r} {why}; run (or finish) `draftsmith regenerate --out "
-                                 f"{part} ...` first")
+                               f"{part} ...` first")
             convs = conversations(d)
             random.Random(0).shuffle(convs)
             kept = [c for c in convs if first_user(c) not in held]

@@ -152,7 +152,7 @@ def fill_real(entry: dict, prompt_files: dict[str, Path], args, fallback: Option
     draft = entry.get("draft") or fallback
     if draft is None:
         raise BadInput(f"{Path(sys.argv[0]).name}: a reused entry records no checkpoint to score "
-                         f"{sorted(missing)} on; rerun without --reuse")
+                       f"{sorted(missing)} on; rerun without --reuse")
     entry["real"].update(real_taus(Path(draft), prompt_files, args.k, args.max_new_tokens, args.multi_turn_sets,
                                    only=missing))
     return True
@@ -211,7 +211,7 @@ def main() -> int:
 
     if (args.data is None) != (args.cache is None):
         raise BadInput("data_curve: --data and --cache go together (a regenerate dir and the feature cache built "
-                         "over it, `draftsmith cache RUN.yaml --out DIR`); pass both or neither")
+                       "over it, `draftsmith cache RUN.yaml --out DIR`); pass both or neither")
     for flag, value in (("--data", args.data), ("--cache", args.cache)):
         if value is not None and not (Path(value) / "manifest.json").is_file():
             raise BadInput(f"data_curve: {flag} {value}: no manifest.json there; pass a finished output dir")
@@ -231,7 +231,7 @@ def main() -> int:
     root = Path(args.out).with_suffix("")
     if max(args.rows) > len(pool):
         raise BadInput(f"data_curve: --rows {max(args.rows)} is more than the {len(pool)} training conversations "
-                         f"of {regen_dir} ({len(pool) + HELD_OUT} less {HELD_OUT} held out)")
+                       f"of {regen_dir} ({len(pool) + HELD_OUT} less {HELD_OUT} held out)")
     held_file = write_jsonl(held_out, root / "held_out.jsonl")
     prompt_files = {s: spread_prompts(s, args.prompts, root / f"prompts_{s}.jsonl") for s in args.prompt_sets}
     # multi_turn_sets only adds keys: a reused point is scored on the ones it lacks (fill_real)

@@ -242,7 +242,7 @@ def cached_rows(cache_dir: Path, rows: Sequence[Any], who: str) -> Iterable[tupl
         missing = [i for i, k in enumerate(keys) if k not in reader]
         if missing:
             raise BadInput(f"{who}: {len(missing)} training rows are not in {cache_dir} "
-                             f"(first: row {missing[0]}); rebuild the demo cache")
+                           f"(first: row {missing[0]}); rebuild the demo cache")
         for i, (ex, key) in enumerate(zip(rows, keys)):
             row = reader.row(key)
             if row["loss_mask"].to(torch.int64).tolist() != [int(m) for m in ex.loss_mask]:
@@ -831,7 +831,7 @@ def main() -> int:
         too_deep = [k for k in args.k if k > min(args.our_block_size, peer_block) - 1]
         if too_deep:
             raise BadInput(f"peer_speculators: K {too_deep} exceeds block_size - 1 of a draft (ours "
-                             f"{args.our_block_size}, speculators' {peer_block}): a block draft proposes at most that many")
+                           f"{args.our_block_size}, speculators' {peer_block}): a block draft proposes at most that many")
     phases["train_draftsmith"] = round(time.perf_counter() - t, 1)
     print(f"draftsmith: {ours['steps']} steps, {ours['tokens']} tokens in {ours['train_s']:.0f} s "
           f"({len(train_rows)} train / {len(held_rows)} held-out rows)", flush=True)

@@ -617,7 +617,7 @@ def from_bench(path: Path, out: Optional[Path], date: Optional[str]) -> Path:
         plot_memory(axes, doc["rows"], f"{path.name}: peak memory of one EAGLE-3 step, {date}", goal=False)
     else:
         raise BadInput(f"plot_docs: {path}: not a shape this script knows; it reads the JSON of bench/serve_speedup.py, "
-                         "bench/peer_speculators.py, bench/recipe_sweep.py, bench/tau_curve.py and bench/memory_scaling.py")
+                       "bench/peer_speculators.py, bench/recipe_sweep.py, bench/tau_curve.py and bench/memory_scaling.py")
     fig.tight_layout()
     return _save(fig, out)
 

@@ -2,13 +2,17 @@
 surface draftsmith.eval.speedup reads: /health, /v1/models, /v1/completions (return_token_ids) and
 /metrics with the spec-decode counters. Its rule, for tests to compute by hand: a completion of an
 n-token prompt returns the prompt's first max_tokens ids and counts 2 drafts, n // 2 accepted tokens
-(4 draft tokens), and one accepted token at position 0 when n >= 2."""
+(4 draft tokens), and one accepted token at position 0 when n >= 2. With ``--hang MARK`` a completion
+instead writes the server's pid to MARK and never returns (a pass in flight when a SIGTERM comes)."""
 
 import json
+import os
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STATE = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos0": 0}
+HANG = sys.argv[sys.argv.index("--hang") + 1] if "--hang" in sys.argv else None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -41,6 +45,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if HANG:
+            with open(HANG + ".tmp", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.replace(HANG + ".tmp", HANG)  # whole, so the test never reads half a pid
+            time.sleep(600)
         ids = body["prompt"]
         n = len(ids)
         STATE["drafts"] += 2

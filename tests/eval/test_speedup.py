@@ -161,6 +161,8 @@ def test_serve_prompt_sets_times_each_set_on_one_server_with_its_own_counter_dif
     assert a["outputs"] == [[1, 2, 3, 4, 5]] and b["outputs"] == [[5, 6], [7, 8, 9, 10, 11]]
     assert (a["tokens"], b["tokens"]) == (5, 7) and a["name"] == b["name"] == "fake K=2"
     assert a["tokens_per_s"] > 0 and a["ready_s"] == b["ready_s"]
+    # tokens / (tokens - accepted): 5 / 2 and 7 / 3 forwards
+    assert (a["tokens_per_step"], b["tokens_per_step"]) == (pytest.approx(5 / 2), pytest.approx(7 / 3))
     with pytest.raises(OSError):  # the server is stopped on the way out
         socket.create_connection(("127.0.0.1", port), timeout=1)
     # run_config is the one-set case
@@ -168,24 +170,6 @@ def test_serve_prompt_sets_times_each_set_on_one_server_with_its_own_counter_dif
     one = run_config("fake", [sys.executable, script, str(port)], port, sets["b"], 5, tmp_path / "b.log", ready_s=60)
     assert (one["drafts"], one["accepted"], one["tau"], one["outputs"]) == (4, 4, 2.0, b["outputs"])
 
-
-# A stand-in for a vLLM server: health and /v1/models answer, a completion never returns (the state a
-# timed pass is in when a timeout or a scheduler sends SIGTERM). It writes its pid, then a mark per request.
-FAKE_SERVER = r"""
-import http.server, json, os, sys, time
-port, pid_file = int(sys.argv[sys.argv.index('--port') + 1]), sys.argv[1]
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def _send(self, body, kind='application/json'):
-        self.send_response(200); self.send_header('Content-Type', kind)
-        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)
-    def do_GET(self):
-        self._send(json.dumps({'data': [{'id': 'm'}]}).encode() if self.path == '/v1/models' else b'', 'text/plain')
-    def do_POST(self):
-        open(pid_file + '.busy', 'w').close(); time.sleep(600)
-open(pid_file, 'w').write(str(os.getpid()))
-http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()
-"""
 
 
 def test_a_sigterm_while_a_server_is_up_stops_that_server(tmp_path):
@@ -195,18 +179,21 @@ def test_a_sigterm_while_a_server_is_up_stops_that_server(tmp_path):
     import signal
     import subprocess
     import sys
+    from pathlib import Path
 
     from deadline import wait_until
 
+    # fake_vllm_server.py --hang: its first completion (the warm-up) writes the server's pid and never returns
+    script = str(Path(__file__).with_name("fake_vllm_server.py"))
     pid_file = tmp_path / "server.pid"
     code = (f"from draftsmith.eval.speedup import serve_prompt_sets\n"
             f"from draftsmith.serve.process import free_port\n"
             f"port = free_port()\n"
-            f"serve_prompt_sets('none', [{sys.executable!r}, '-c', {FAKE_SERVER!r}, {str(pid_file)!r}, '--port', "
-            f"str(port)], port, {{'p': [[1, 2, 3]]}}, 4, {str(tmp_path / 's.log')!r}, ready_s=60)\n")
+            f"serve_prompt_sets('none', [{sys.executable!r}, {script!r}, str(port), '--hang', {str(pid_file)!r}], "
+            f"port, {{'p': [[1, 2, 3]]}}, 4, {str(tmp_path / 's.log')!r}, ready_s=60)\n")
     child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: (tmp_path / "server.pid.busy").exists() or child.poll() is not None,
+        wait_until(lambda: pid_file.exists() or child.poll() is not None,
                    what="the warm-up request reaching the stand-in server")
         assert child.poll() is None, child.stderr.read()
         server = int(pid_file.read_text())
