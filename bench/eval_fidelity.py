@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from draftsmith.serve.process import ServerProcess, free_port  # noqa: E402
+from draftsmith.serve.process import ServerProcess, free_port, sigterm_exits  # noqa: E402
 
 def pick_prompts(path: str | None, per_category: int):
     from draftsmith.eval.prompts import load_prompts
@@ -69,7 +69,7 @@ def vllm_tau(target: str, draft: Path, prompts, render, k: int, max_tokens: int,
             "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
             "--speculative-config", spec]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    with ServerProcess(argv, port, log, env=env, ready_s=600, stop_s=60) as srv:
+    with sigterm_exits(), ServerProcess(argv, port, log, env=env, ready_s=600, stop_s=60) as srv:
         return bench_server(srv.base, prompts, api="completions", render=render, max_tokens=max_tokens,
                             ignore_eos=True, k=k, client=HttpClient(timeout_s=900), extra={"return_token_ids": True})
 
