@@ -61,6 +61,9 @@ ARMS: dict[str, tuple] = {
     # one TTT step (no unroll: the draft trains on the target's features alone, what K=1 serves) for about
     # 1.5x the steps of two in the same seconds: the K=1 lever against speculators, `--our-arm eagle3_ttt1`
     "eagle3_ttt1": (None, {"ttt_steps": 1}, (1, 3)),
+    # both at once, the depth curriculum: the first half of the run at 1 TTT step (K=1's position, a cheaper
+    # step), the second at the demo's 2, `--arms eagle3 eagle3_ramp5` (and `--our-arm eagle3_ramp5`)
+    "eagle3_ramp5": (None, {"ttt_ramp_fraction": 0.5}, (1, 3)),
     "dflash": ("smollm2_dflash.yaml", {"block_size": 8, "loss_decay_gamma": 4.0}, (1, 3, 7)),
     # DFlash at a short budget (600 s on one core: ~60 steps in fp32, ~190 in bf16): fewer warmup steps (lost),
     # block 4 (trains only the positions K <= 3 serves; won) and Muon (won most): docs/benchmarks.md

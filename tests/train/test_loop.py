@@ -218,6 +218,39 @@ def test_trailing_partial_window_equals_one_full_batch(tiny, tmp_path):
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7, msg=n)
 
 
+def test_depth_curriculum_follows_the_steps_the_run_plans(tiny, tmp_path, monkeypatch):
+    # draft.ttt_ramp_fraction 0.5 over 3 TTT steps: depth 1 + floor(4 p), p = step / planned end. A 30-step
+    # run trains steps 0-7 at 1 TTT step, 8-14 at 2, 15-29 at 3 (hand-counted), held-out evals at all 3.
+    from draftsmith.drafts.eagle3.model import Eagle3Draft
+
+    target, data = tiny
+    seen = []
+    forward = Eagle3Draft.forward
+
+    def spy(self, *args, **kw):
+        out = forward(self, *args, **kw)
+        seen.append((self.training, len(out.step_losses)))
+        return out
+
+    monkeypatch.setattr(Eagle3Draft, "forward", spy)
+    res = train(run_config(target, data, tmp_path / "ramp", {"ttt_ramp_fraction": 0.5}, eval_every=10), progress=False)
+    assert res.step == 30
+    assert [n for training, n in seen if training] == [1] * 8 + [2] * 7 + [3] * 15
+    assert {n for training, n in seen if not training} == {3}
+    assert len(res.eval["step_accuracy"]) == 3 and res.eval["step_accuracy"][2] > 0
+    # A time-bound run plans fewer steps than its epochs hold: the depth follows the cosine's end (what
+    # train.max_time_s is expected to reach), not the epochs' 30 steps, or a budget run would never deepen.
+    trainer = Trainer(run_config(target, data, tmp_path / "budget", {"ttt_ramp_fraction": 0.5}), progress=False)
+    try:
+        trainer.schedule.refit(0, 8)  # what fit_schedule sets when the budget buys 8 steps
+        trainer.step = 4  # p = 4 / 8 = 0.5: the full unroll (4 / 30 would still be 1 step)
+        window = [trainer.train_set[:2]]
+        trainer.train_window(window)
+        assert trainer.draft.depth == 3
+    finally:
+        trainer.engine.close()
+
+
 def test_held_out_metrics_count_every_loss_position_and_report_coverage(tiny, tmp_path, capsys):
     # A 24-token draft vocab chosen on the train split: some held-out targets fall outside it. The
     # held-out metrics still count every loss position (draft-vocab misses included), and the setup

@@ -52,8 +52,10 @@ when its module is imported:
     ``PROGRESS: dict[str, str]``: progress-bar label -> scalars key; ``describe(summary) -> str``: one line.
 
 ``SUPERVISION`` (the supervision kind) is the Family's own ``supervision`` field.
-Optional on the Model: ``set_progress(step, total_steps)``, called by the trainer before every
-optimizer step and before each held-out evaluation (Domino's loss schedule reads it).
+Optional on the Model: ``set_progress(step, total)``, called by the trainer before every optimizer
+step and before each held-out evaluation, ``total`` the step the run is planned to end at (the LR
+cosine's end: train.max_steps / epochs, or where train.max_time_s is expected to stop it), so a
+time-bound run's schedule spans the run it gets (Domino's loss schedule, EAGLE-3's depth curriculum).
 Optional in CODE: ``checkpoint_meta(model) -> dict`` (default None), JSON-able facts the trainer merges
 into the checkpoint's meta.json (DFlash: block_size, mask_token_id, target_layer_ids).
 """

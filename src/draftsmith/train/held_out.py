@@ -39,7 +39,7 @@ def evaluate(trainer: Any) -> dict:
     if not trainer.eval_set:
         return {}
     if hasattr(trainer.draft, "set_progress"):  # a step-dependent loss (Domino): the held-out loss at this step,
-        trainer.draft.set_progress(trainer.step, trainer.total_steps)  # the same whether or not the run was resumed
+        trainer.draft.set_progress(trainer.step, trainer.schedule.end)  # the same whether or not the run was resumed
     trainer.model.eval()
     t = trainer.cfg.train
     sums, loss_sum, n = None, 0.0, 0

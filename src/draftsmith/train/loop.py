@@ -275,8 +275,8 @@ class Trainer:
         tokens and the family's metric sums over the window, all ranks together."""
         t = self.cfg.train
         self.model.train()
-        if hasattr(self.draft, "set_progress"):  # a loss schedule over optimizer steps (Domino)
-            self.draft.set_progress(self.step, self.total_steps)
+        if hasattr(self.draft, "set_progress"):  # a schedule over optimizer steps (Domino's loss, EAGLE-3's depth)
+            self.draft.set_progress(self.step, self.schedule.end)
         loss, tokens, sums = 0.0, 0, None
         for i, examples in enumerate(window):
             weight = 1.0 if weights is None else weights[i]

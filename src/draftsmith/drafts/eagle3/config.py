@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ..eagle_config import EagleConfig, EagleDraftConfig, eagle_export, eagle_fields, refuse_other_family
 
-__all__ = ["Eagle3DraftConfig", "Eagle3Config", "config_from_target", "config_from_export"]
+__all__ = ["Eagle3DraftConfig", "Eagle3Config", "config_from_target", "config_from_export", "ttt_depth"]
 
 
 @dataclass
@@ -22,15 +22,28 @@ class Eagle3DraftConfig(EagleDraftConfig):
 
     type: str = "eagle3"
     step_weight: float = 0.8  # step k weighs step_weight**k (ttt_steps, the unroll depth, is DraftConfig's)
+    # A depth curriculum: the unroll starts at 1 step (what K=1 serves, a step of its cost) and deepens by one
+    # step every ttt_ramp_fraction / (ttt_steps - 1) of the run's optimizer steps, reaching ttt_steps at this
+    # fraction of the run; 0 = ttt_steps from the start. Held-out evaluation always runs the full unroll.
+    ttt_ramp_fraction: float = 0.0
+
+    def problems(self) -> list[str]:
+        p = super().problems()
+        if not 0.0 <= self.ttt_ramp_fraction < 1.0:
+            p.append(f"'draft.ttt_ramp_fraction' = {self.ttt_ramp_fraction}: expected a fraction of the run in "
+                     "[0, 1) (0 = the full unroll from the start)")
+        return p
 
 
 @dataclass
 class Eagle3Config(EagleConfig):
     """The EAGLE shape (drafts/eagle_config.py) plus the training-time-test (TTT) unroll: ``ttt_steps``
-    steps, step k's loss weighted by ``step_weight**k``."""
+    steps, step k's loss weighted by ``step_weight**k``, reached over ``ttt_ramp_fraction`` of the run
+    (:func:`ttt_depth`)."""
 
     ttt_steps: int = 7
     step_weight: float = 0.8
+    ttt_ramp_fraction: float = 0.0  # a training schedule (Eagle3DraftConfig's), not exported: serving never reads it
 
     def __post_init__(self):
         super().__post_init__()
@@ -63,7 +76,20 @@ def config_from_target(info: Any, draft: Any, *, draft_vocab_size: int, num_laye
                        layer_ids: Optional[list[int]] = None) -> Eagle3Config:
     """A draft shaped like one target decoder layer (``info``: TargetInfo), over ``draft_vocab_size``."""
     return Eagle3Config(**eagle_fields(info, draft, draft_vocab_size=draft_vocab_size, num_layer_ids=num_layer_ids),
-                        ttt_steps=draft.ttt_steps, step_weight=draft.step_weight)
+                        ttt_steps=draft.ttt_steps, step_weight=draft.step_weight,
+                        ttt_ramp_fraction=draft.ttt_ramp_fraction)
 
 
 config_from_export = Eagle3Config.from_export
+
+
+def ttt_depth(ttt_steps: int, ramp_fraction: float, step: int, total: int) -> int:
+    """The TTT steps trained at optimizer step ``step`` of ``total`` under the depth curriculum: with the
+    run's progress p = step / total and ramp r, depth = min(ttt_steps, 1 + floor(p (ttt_steps - 1) / r)),
+    so 1 step until p = r / (ttt_steps - 1), one more each further r / (ttt_steps - 1), all from p = r on.
+    r = 0 (or one TTT step): ttt_steps throughout. A pure function of (step, total), so a resumed run
+    trains the depth the uninterrupted one would."""
+    if ramp_fraction <= 0 or ttt_steps <= 1 or total <= 0:
+        return ttt_steps
+    p = min(1.0, max(0.0, step / total))
+    return min(ttt_steps, 1 + int(p * (ttt_steps - 1) / ramp_fraction))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -26,7 +27,7 @@ from ..eagle_layers import (add_eagle_modules, combine, compute_logits, draft_to
                             load_target_embeddings, set_vocab_map)
 from ..eagle_summary import position_summary, simulated_tau
 from ..layers import LossParts, RowGenerators, document_positions
-from .config import Eagle3Config
+from .config import Eagle3Config, ttt_depth
 from .ttt import (LOGIT_BLOCK_ELEMENTS, SCORE_BLOCK_ELEMENTS, attention_mask, frozen_head, logits_fn, same_document,
                   soft_ce_block, soft_ce_rows, step_kv, step_rows, ttt_attention, ttt_step_rows)
 
@@ -93,6 +94,12 @@ class Eagle3Draft(nn.Module):
         self.max_logit_elements = LOGIT_BLOCK_ELEMENTS  # draft-vocab logits per block of loss rows
         # train.activation_checkpointing: each TTT step recomputed in backward (keeps its inputs, outputs, K/V)
         self.activation_checkpointing = False
+        self.depth = cfg.ttt_steps  # TTT steps a training forward unrolls (set_progress: the depth curriculum)
+
+    def set_progress(self, step: int, total: int) -> None:
+        """The trainer's optimizer step of the steps it plans: the depth curriculum's depth
+        (config.ttt_depth; ttt_steps throughout when draft.ttt_ramp_fraction is 0)."""
+        self.depth = ttt_depth(self.cfg.ttt_steps, self.cfg.ttt_ramp_fraction, step, total)
 
     # the EAGLE head (drafts/eagle_layers.py), shared with P-EAGLE
     set_vocab_map = set_vocab_map
@@ -201,7 +208,9 @@ class Eagle3Draft(nn.Module):
         prefix = None
         head = None  # the one-block CE's logits, built at its first use
         loss_mask = position_mask if loss_mask is None else loss_mask
-        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, logits=False, doc_ids=doc_ids)):
+        # training unrolls the curriculum's depth (set_progress); evaluation always the full ttt_steps
+        steps = self.depth if self.training else self.cfg.ttt_steps
+        for k, step in enumerate(self.iter_steps(aux_hidden, input_ids, steps=steps, logits=False, doc_ids=doc_ids)):
             mask_k = shift_left(position_mask, k).bool()  # (B, T) rows the CE is taken on
             scored_k = shift_left(loss_mask, k).bool() | mask_k  # (B, T) rows the metrics count
             if doc_ids is not None:  # slot t + k in the next document: the unpacked row's zero tail
@@ -234,12 +243,15 @@ class Eagle3Draft(nn.Module):
                 counts.append(scored_k.sum())
         w = self.cfg.step_weight ** torch.arange(len(ce_sums), dtype=torch.float64)
         parts = LossParts.of(ce_sums, loss_counts, (w / w.sum()).tolist())  # sum_k w_k/sum(w) * ce_k / n_k
+        # (ttt_steps,) metric sums whatever the depth: the steps a shallow curriculum step skips count 0
+        # positions (accuracy 0 over 0, no part of simulated tau), so sums add across a depth change
+        pad = self.cfg.ttt_steps - len(correct)
         return Eagle3Output(
             loss=parts.loss(),
             step_losses=(parts.num / parts.den.clamp(min=1)).detach(),
-            step_correct=torch.stack(correct),
-            prefix_correct=torch.stack(prefix_hits),
-            step_count=torch.stack(counts),
+            step_correct=F.pad(torch.stack(correct), (0, pad)),
+            prefix_correct=F.pad(torch.stack(prefix_hits), (0, pad)),
+            step_count=F.pad(torch.stack(counts), (0, pad)),
             parts=parts,
         )
 
