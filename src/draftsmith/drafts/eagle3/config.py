@@ -23,8 +23,9 @@ class Eagle3DraftConfig(EagleDraftConfig):
     type: str = "eagle3"
     step_weight: float = 0.8  # step k weighs step_weight**k (ttt_steps, the unroll depth, is DraftConfig's)
     # A depth curriculum: the unroll starts at 1 step (what K=1 serves, a step of its cost) and deepens by one
-    # step every ttt_ramp_fraction / (ttt_steps - 1) of the run's optimizer steps, reaching ttt_steps at this
-    # fraction of the run; 0 = ttt_steps from the start. Held-out evaluation always runs the full unroll.
+    # step every ttt_ramp_fraction / (ttt_steps - 1) of the run's planned optimizer steps (a time-bound run's:
+    # those train.max_time_s is expected to reach), reaching ttt_steps at this fraction of the run; 0 = ttt_steps
+    # from the start. Held-out evaluation always runs the full unroll.
     ttt_ramp_fraction: float = 0.0
 
     def problems(self) -> list[str]:
