@@ -37,8 +37,9 @@ def test_shallow_training_forward_is_the_one_step_draft_and_eval_is_the_full_unr
     # (3,) sums: the steps it did not run count no position, so they add to a full step's sums
     assert shallow.step_count.tolist() == [single.step_count.item(), 0, 0]
     assert shallow.prefix_correct.tolist()[1:] == [0, 0] and shallow.simulated_tau == single.simulated_tau
-    shallow.loss.backward()  # gradients flow through the one step it ran
-    assert ramped.lm_head.weight.grad is None or torch.isfinite(ramped.lm_head.weight.grad).all()
+    shallow.loss.backward()  # gradients flow through the one step it ran, into the layer and the head
+    for w in (ramped.model.layers[0].self_attn.q_proj.weight, ramped.lm_head.weight):
+        assert w.grad is not None and torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
     ramped.set_progress(4, 10)  # p = 0.4: 1 + floor(0.4 * 2 / 0.5) = 2
     assert ramped.depth == 2 and len(ramped(*batch).step_losses) == 2
     ramped.set_progress(5, 10)  # p = 0.5: the full unroll, the unramped draft's loss

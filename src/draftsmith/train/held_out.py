@@ -38,8 +38,10 @@ def evaluate(trainer: Any) -> dict:
     over the whole split (EAGLE-3: per-step accuracy, simulated tau, positions), all ranks together."""
     if not trainer.eval_set:
         return {}
-    if hasattr(trainer.draft, "set_progress"):  # a step-dependent loss (Domino): the held-out loss at this step,
-        trainer.draft.set_progress(trainer.step, trainer.schedule.end)  # the same whether or not the run was resumed
+    # A step-dependent loss (Domino) gives the held-out loss at this step, the same whether or not the run was
+    # resumed; EAGLE-3's depth curriculum evaluates the full unroll whatever the step.
+    if hasattr(trainer.draft, "set_progress"):
+        trainer.draft.set_progress(trainer.step, trainer.schedule.end)
     trainer.model.eval()
     t = trainer.cfg.train
     sums, loss_sum, n = None, 0.0, 0
